@@ -1,0 +1,446 @@
+"""
+Orthros: a minimal reference implementation of Orthros attention.
+
+Paper: Chou et al., "Orthros: Phase-Aware Heterogeneous Attention for Efficient
+Transformers" (2026), section 3, Algorithms 1 and 2, equations 4 and 5.
+
+What Orthros changes versus a plain GPT:
+  1. Every position i carries a *base token* x_i. The last t_out positions (those whose
+     next token we predict) also carry an *output token* x'_i: a copy of the embedding
+     that then evolves in its own residual stream (Alg. 2, line 2).
+  2. Keys and values come from base tokens only (Alg. 1, line 4). They are the KV cache.
+  3. Base tokens do causal sliding-window attention with window w (eq. 4); output tokens
+     do full causal cross-attention over the same keys and values (eq. 5).
+  4. Both streams share W_Q, W_K, W_V, W_O, the norms and the MLP. Only their queries
+     differ, by an element-wise scale-offset: alpha * (x W_Q) + beta (Alg. 1, line 5).
+  5. The LM head reads the output stream only (Alg. 2, lines 9-10).
+Pre-training (t_out = T), SFT (t_out = response + 1), prefill (t_out = 1) and decoding
+(one new token, t_out = 1) are the same forward pass with different t_out.
+
+Choices of this implementation, not dictated by the paper:
+  - a small modern GPT body: pre-norm RMSNorm, rotary position embeddings (RoPE), a GELU
+    MLP of width 4C, no biases, input and output embeddings tied (as in nanoGPT);
+  - the baselines share every line except attention: attn="transformer" is a plain GPT
+    with full causal attention, attn="swa" uses the sliding window only;
+  - sliding-window attention has two paths: a readable dense-mask reference
+    (swa_impl="dense") and a blockwise path whose cost grows linearly with T
+    (swa_impl="blocked", the default, used for training and prefill);
+  - an optional short causal depthwise convolution (conv_kernel > 0; off by default and
+    in every paper configuration) mixes neighbouring base tokens before K and V, the same
+    way for all three attn types. It only helps tiny models learn recall quickly.
+"""
+
+import math
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+ATTN_TYPES = ("orthros", "transformer", "swa")
+
+
+@dataclass
+class OrthrosConfig:
+    vocab_size: int = 50304
+    n_layer: int = 12
+    n_head: int = 6
+    n_embd: int = 768
+    window: int = 128            # w, the sliding window (the paper always uses 128)
+    attn: str = "orthros"        # "orthros" | "transformer" | "swa"
+    scale_offset: bool = True    # False is the paper's "Orthros w/o SO" ablation
+    max_seq_len: int = 2048      # longest sequence (prompt + generated) the model accepts
+    rope_base: float = 10000.0
+    dropout: float = 0.0
+    conv_kernel: int = 0         # 0 = off; e.g. 3 for the tiny recall models (not in the paper)
+    swa_impl: str = "blocked"    # "blocked" (linear in T) or "dense" (the O(T^2) reference)
+
+    def __post_init__(self):
+        if self.attn not in ATTN_TYPES:
+            raise ValueError(f"unknown attn {self.attn!r}: choose one of {ATTN_TYPES}")
+        if self.swa_impl not in ("blocked", "dense"):
+            raise ValueError(f"unknown swa_impl {self.swa_impl!r}: choose 'blocked' or 'dense'")
+        if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads "
+                             "of an even size (RoPE rotates pairs of channels)")
+        for name in ("vocab_size", "n_layer", "n_head", "window", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.conv_kernel < 0:
+            raise ValueError(f"conv_kernel must be >= 0, got {self.conv_kernel}")
+
+
+# -----------------------------------------------------------------------------
+# Helpers: rotary embeddings, masks built from positions, and the attention kernels
+
+def rope_cos_sin(positions, head_dim, base):
+    """cos and sin, each (len(positions), head_dim/2), for rotating vectors at these positions."""
+    inv_freq = base ** -(torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate x: (B, H, T, D) by position. Each channel pair (i, i + D/2) turns by one angle."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def attention_mask(n_q, n_k, window=None, device=None):
+    """Boolean (n_q, n_k) mask, True where a query may attend a key.
+
+    Queries are the *last* n_q of the n_k positions (bottom-right aligned), as they are for
+    the output tokens and in decoding. Query at position t sees key j iff j <= t, and, with
+    a window w, t - w < j: key t-w+1 is seen, key t-w is not (eq. 4).
+    NOTE: SDPA's is_causal=True aligns top-left when n_q < n_k, which is wrong here.
+    """
+    q_pos = torch.arange(n_k - n_q, n_k, device=device)[:, None]
+    k_pos = torch.arange(n_k, device=device)[None, :]
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask = mask & (q_pos - k_pos < window)
+    return mask
+
+
+def dense_sliding_window_attention(q, k, v, window, dropout_p=0.0):
+    """The readable reference for eq. 4: SDPA with an explicit (T, T) band mask. O(T^2)."""
+    mask = attention_mask(q.size(-2), k.size(-2), window, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+
+def blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):
+    """Eq. 4 in O(T w): the same result as the dense reference without the (T, T) mask.
+
+    Cut the sequence into blocks of w queries. Every key a query of block b may see lies in
+    block b-1 or block b, so each block attends its 2w keys through a small band mask.
+    q, k, v: (B, H, T, D), the queries at the same T positions as the keys.
+    """
+    B, H, T, D = q.shape
+    w = window
+    n_blocks = math.ceil(T / w)
+    pad = n_blocks * w - T
+    # Pad the end to whole blocks, and give the keys one extra block in front that the mask
+    # hides: block 0's "previous block".
+    q = F.pad(q, (0, 0, 0, pad)).view(B * H, n_blocks, w, D)
+    k = F.pad(k, (0, 0, w, pad)).view(B * H, n_blocks + 1, w, D)
+    v = F.pad(v, (0, 0, w, pad)).view(B * H, n_blocks + 1, w, D)
+    k = torch.cat([k[:, :-1], k[:, 1:]], dim=2)  # (B*H, n_blocks, 2w, D): previous + own block
+    v = torch.cat([v[:, :-1], v[:, 1:]], dim=2)
+    # Query i of block b sits at position b*w + i; key j of its 2w keys at (b-1)*w + j.
+    blk = torch.arange(n_blocks, device=q.device)[:, None, None]
+    q_pos = blk * w + torch.arange(w, device=q.device)[None, :, None]
+    k_pos = (blk - 1) * w + torch.arange(2 * w, device=q.device)[None, None, :]
+    mask = (k_pos <= q_pos) & (q_pos - k_pos < w) & (k_pos >= 0)  # (n_blocks, w, 2w)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    return y.view(B, H, n_blocks * w, D)[:, :, :T]
+
+
+def causal_attention(q, k, v, window=None, swa_impl="blocked", dropout_p=0.0):
+    """Causal attention of q: (B, H, Tq, D) over k, v: (B, H, Tk, D), optionally windowed.
+
+    The queries are always the last Tq of the Tk key positions: base tokens (Tq = Tk, or 1
+    in decoding) and output tokens (the last t_out positions). Pick the cheapest exact path.
+    """
+    Tq, Tk = q.size(-2), k.size(-2)
+    if Tq == 1:
+        # The newest position sees every key, or the last w of them: no mask at all.
+        if window is not None:
+            k, v = k[:, :, -window:], v[:, :, -window:]
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+    if window is None or window >= Tk:
+        if Tq == Tk:  # square: is_causal is right, and lets SDPA use its flash kernels
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+        mask = attention_mask(Tq, Tk, None, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    assert Tq == Tk, "windowed attention runs over whole sequences (training/prefill) or one query"
+    if swa_impl == "blocked":
+        return blocked_sliding_window_attention(q, k, v, window, dropout_p)
+    return dense_sliding_window_attention(q, k, v, window, dropout_p)
+
+
+def causal_depthwise_conv(x, weight, state):
+    """Short causal convolution over time, one filter per channel (optional, see top).
+
+    x: (B, T, C), weight: (C, 1, K), state: (B, K-1, C), the K-1 inputs before x (zeros at
+    the start). Returns the output (B, T, C) and the new state, the last K-1 inputs.
+    """
+    x = torch.cat([state, x], dim=1)
+    y = F.conv1d(x.transpose(1, 2), weight, groups=x.size(-1)).transpose(1, 2)
+    return y, x[:, x.size(1) - state.size(1):]
+
+
+# -----------------------------------------------------------------------------
+# The model
+
+class KVCache:
+    """The naive KV cache for incremental decoding of a batch of B sequences.
+
+    Per layer l: k[l], v[l] of shape (B, n_head, S, head_dim), the keys and values (after
+    RoPE) of all S positions seen so far; grown by concatenation, one token per decode step.
+    Orthros keeps all S positions, not only the last w, because the output tokens'
+    cross-attention reads them all. With conv_kernel > 0, conv[l] holds the last
+    conv_kernel - 1 inputs of the convolution: (B, conv_kernel - 1, n_embd).
+    """
+
+    def __init__(self, model, batch_size):
+        self.model = weakref.ref(model)  # so decode() can refuse a cache from another model
+        self.batch_size = batch_size
+        self.length = 0                  # S, the number of positions in the cache
+        n = model.config.n_layer
+        self.k, self.v, self.conv = [None] * n, [None] * n, [None] * n
+
+
+class OrthrosAttention(nn.Module):
+    """Algorithm 1 (attn="orthros"), and the two baselines that share its code."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        C = config.n_embd
+        self.layer_idx = layer_idx
+        self.n_head, self.head_dim = config.n_head, C // config.n_head
+        self.window = None if config.attn == "transformer" else config.window
+        self.swa_impl, self.dropout = config.swa_impl, config.dropout
+        # Alg. 1, line 2: W_Q, W_K, W_V, W_O, shared by base and output tokens.
+        self.c_q = nn.Linear(C, C, bias=False)
+        self.c_k = nn.Linear(C, C, bias=False)
+        self.c_v = nn.Linear(C, C, bias=False)
+        self.c_proj = nn.Linear(C, C, bias=False)
+        # The scale-offsets of Alg. 1, line 5, one value per channel, starting at identity.
+        # Only Orthros has them; a transformer state dict therefore loads with them at identity.
+        self.scale_offset = config.attn == "orthros" and config.scale_offset
+        if self.scale_offset:
+            self.alpha = nn.Parameter(torch.ones(C))
+            self.beta = nn.Parameter(torch.zeros(C))
+            self.alpha_out = nn.Parameter(torch.ones(C))   # alpha' of the paper
+            self.beta_out = nn.Parameter(torch.zeros(C))   # beta'
+        self.conv = None
+        if config.conv_kernel > 0:
+            self.conv = nn.Parameter(torch.zeros(C, 1, config.conv_kernel))
+            with torch.no_grad():
+                self.conv[:, 0, -1] = 1.0  # start as the identity: each token passes itself
+
+    def split_heads(self, x):  # (B, T, C) -> (B, H, T, D)
+        return x.view(x.size(0), x.size(1), self.n_head, self.head_dim).transpose(1, 2)
+
+    def forward(self, z, n_base, rope, cache=None):
+        """z: (B, n_base + n_out, C), normalized. The first n_base rows are base tokens, the
+        rest output tokens (n_out = 0 for the baselines). rope: (cos, sin) at the base
+        positions. cache: a KVCache that this layer's new keys and values are appended to."""
+        B, _, C = z.shape
+        x = z[:, :n_base]                                  # Alg. 1, line 3: split base ...
+        x_out = z[:, n_base:]                              # ... and output-specific tokens
+        n_out = x_out.size(1)
+
+        x_kv = x
+        if self.conv is not None:
+            state = x.new_zeros(B, self.conv.size(-1) - 1, C) if cache is None or cache.conv[self.layer_idx] is None \
+                else cache.conv[self.layer_idx]
+            x_kv, state = causal_depthwise_conv(x, self.conv, state)
+            if cache is not None:
+                cache.conv[self.layer_idx] = state
+        k, v = self.c_k(x_kv), self.c_v(x_kv)              # Alg. 1, line 4: K, V from base tokens only
+        q, q_out = self.c_q(z).split([n_base, n_out], dim=1)
+        if self.scale_offset:                              # Alg. 1, line 5: distinct query transformations
+            q = self.alpha * q + self.beta
+            q_out = self.alpha_out * q_out + self.beta_out
+
+        # Alg. 1, lines 6-7: split heads, then rotate by position. An output token sits at the
+        # same position as its base twin: the last n_out base positions.
+        cos, sin = rope
+        q = apply_rope(self.split_heads(q), cos, sin)                       # (B, H, n_base, D)
+        k = apply_rope(self.split_heads(k), cos, sin)                       # (B, H, n_base, D)
+        v = self.split_heads(v)                                             # (B, H, n_base, D)
+        q_out = apply_rope(self.split_heads(q_out), cos[n_base - n_out:], sin[n_base - n_out:])
+        if cache is not None:  # the naive KV cache: append, keep everything
+            i = self.layer_idx
+            if cache.k[i] is not None:
+                k = torch.cat([cache.k[i], k], dim=2)                       # (B, H, S, D)
+                v = torch.cat([cache.v[i], v], dim=2)
+            cache.k[i], cache.v[i] = k, v
+
+        dropout_p = self.dropout if self.training else 0.0
+        # Alg. 1, line 8 (eq. 4): base tokens, sliding window (full causal for "transformer").
+        y = causal_attention(q, k, v, self.window, self.swa_impl, dropout_p)
+        if n_out > 0:
+            # Alg. 1, line 9 (eq. 5): output tokens, full causal cross-attention to the same K, V.
+            y_out = causal_attention(q_out, k, v, None, self.swa_impl, dropout_p)
+            y = torch.cat([y, y_out], dim=2)                                # Alg. 1, line 11
+        y = y.transpose(1, 2).reshape(B, -1, C)                             # Alg. 1, line 10: merge heads
+        return self.c_proj(y)                                               # Alg. 1, line 12: Y = O W_O
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    """One layer of Alg. 2 (lines 4-7). Norms and MLP are token-wise: they treat base and
+    output tokens alike, with the same weights."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.ln_1 = nn.RMSNorm(config.n_embd)
+        self.attn = OrthrosAttention(config, layer_idx)
+        self.ln_2 = nn.RMSNorm(config.n_embd)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, z, n_base, rope, cache=None):
+        z = z + self.drop(self.attn(self.ln_1(z), n_base, rope, cache))  # Alg. 2, lines 4-5
+        z = z + self.drop(self.mlp(self.ln_2(z)))                          # Alg. 2, lines 6-7
+        return z
+
+
+class Orthros(nn.Module):
+    """Algorithm 2: the Orthros Transformer (or a baseline, by config.attn)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
+        self.ln_f = nn.RMSNorm(config.n_embd)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied embeddings
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx, targets=None, t_out=None):
+        """idx: (B, T) token ids. t_out: how many of the last positions are output positions
+        (None = T, pre-training). targets: (B, T), targets[:, t] is the token after idx[:, t],
+        -1 = ignore; every target before the output positions must be -1.
+        Returns logits (B, t_out, vocab) for the last t_out positions, and the mean
+        cross-entropy over the non-ignored targets (None without targets)."""
+        B, T = self._check_idx(idx)
+        t_out = T if t_out is None else t_out
+        if not isinstance(t_out, int) or not 1 <= t_out <= T:
+            raise ValueError(f"t_out must be an int with 1 <= t_out <= T={T}, got {t_out!r}")
+        if targets is not None:
+            if targets.shape != idx.shape:
+                raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, "
+                                 f"got {tuple(targets.shape)}")
+            if (targets[:, :T - t_out] != -1).any():
+                raise ValueError(f"targets before the last t_out={t_out} positions must be -1 "
+                                 "(ignored); raise t_out to cover every target you want trained")
+        logits = self._forward(idx, t_out)
+        loss = None
+        if targets is not None:
+            tgt = targets[:, T - t_out:]
+            # sum / count rather than mean: a batch whose targets are all ignored gives 0, not NaN
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), tgt.reshape(-1),
+                                   ignore_index=-1, reduction="sum") / (tgt != -1).sum().clamp(min=1)
+        return logits, loss
+
+    def _forward(self, idx, t_out, cache=None):
+        T = idx.size(1)
+        start = cache.length if cache is not None else 0   # position of idx[:, 0]
+        x = self.drop(self.wte(idx))                        # (B, T, C)
+        if self.config.attn == "orthros":
+            z = torch.cat([x, x[:, T - t_out:]], dim=1)     # Alg. 2, line 2: (B, T + t_out, C)
+        else:
+            z = x                                           # the baselines have one stream
+        positions = torch.arange(start, start + T, device=idx.device)
+        rope = rope_cos_sin(positions, self.config.n_embd // self.config.n_head, self.config.rope_base)
+        for block in self.blocks:                           # Alg. 2, line 3
+            z = block(z, T, rope, cache)
+        if cache is not None:
+            cache.length += T
+        # Alg. 2, line 9: keep the last t_out rows, which for Orthros are the output tokens
+        # (never base tokens); for the baselines, the base tokens at the output positions.
+        z = z[:, -t_out:]
+        return self.lm_head(self.ln_f(z))                   # Alg. 2, line 10, then the LM head
+
+    def _check_idx(self, idx):
+        if idx.dim() != 2 or idx.size(1) < 1:
+            raise ValueError(f"idx must have shape (B, T) with T >= 1, got {tuple(idx.shape)}")
+        if idx.size(1) > self.config.max_seq_len:
+            raise ValueError(f"sequence length {idx.size(1)} exceeds max_seq_len="
+                             f"{self.config.max_seq_len}; shorten it or build the model with a "
+                             "larger max_seq_len")
+        return idx.shape
+
+    # -------------------------------------------------------------------------
+    # Inference: prefill (T_in = T-1, T_out = 1), then decode one token at a time.
+
+    @torch.no_grad()
+    def prefill(self, idx):
+        """Run the prompt idx: (B, T). Returns the logits (B, 1, vocab) that predict token T,
+        and a KVCache holding the keys and values of all T positions."""
+        B, T = self._check_idx(idx)
+        cache = KVCache(self, B)
+        return self._forward(idx, 1, cache), cache
+
+    @torch.no_grad()
+    def decode(self, next_idx, cache):
+        """Append one token per sequence, next_idx: (B,) or (B, 1), to the cache. Its base twin
+        joins the cache and does sliding-window attention; its output twin does full attention
+        over the cache. Returns the logits (B, 1, vocab) for the following token."""
+        if not isinstance(cache, KVCache) or cache.model() is not self:
+            raise ValueError("this cache was not made by this model's prefill(); "
+                             "call model.prefill(prompt) on the same model first")
+        next_idx = next_idx.reshape(-1, 1)
+        if next_idx.size(0) != cache.batch_size:
+            raise ValueError(f"decode got {next_idx.size(0)} tokens for a cache of batch size "
+                             f"{cache.batch_size}: pass exactly one token per sequence")
+        if cache.length + 1 > self.config.max_seq_len:
+            raise ValueError(f"cannot decode past max_seq_len={self.config.max_seq_len}")
+        return self._forward(next_idx, 1, cache), cache
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Extend idx: (B, T) by max_new_tokens tokens using prefill + decode.
+        temperature 0 means greedy; top_k keeps only the k most likely tokens."""
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if idx.size(1) + max_new_tokens > self.config.max_seq_len:
+            raise ValueError(f"prompt ({idx.size(1)}) + max_new_tokens ({max_new_tokens}) exceeds "
+                             f"max_seq_len={self.config.max_seq_len}")
+        logits, cache = self.prefill(idx)
+        for step in range(max_new_tokens):
+            logits = logits[:, -1, :].float()
+            if temperature == 0:
+                next_idx = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("inf")
+                next_idx = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat([idx, next_idx], dim=1)
+            if step < max_new_tokens - 1:
+                logits, cache = self.decode(next_idx, cache)
+        return idx
+
+    def load_transformer_weights(self, state_dict):
+        """The paper's conversion (section 4.3): load a trained "transformer" (or Orthros)
+        state dict. All shared weights have the same names; Orthros's extra scale-offset
+        parameters are absent from a transformer and keep their identity initialisation."""
+        missing, unexpected = self.load_state_dict(state_dict, strict=False)
+        allowed = ("alpha", "beta", "alpha_out", "beta_out")
+        bad_missing = [k for k in missing if k.rsplit(".", 1)[-1] not in allowed]
+        if bad_missing or unexpected:
+            raise ValueError(f"state dict does not fit this model: missing {bad_missing}, "
+                             f"unexpected {unexpected}. Is it from a model of another size?")
+        if missing:
+            for block in self.blocks:  # identity scale-offset: q = 1 * (x W_Q) + 0
+                if block.attn.scale_offset:
+                    for name in allowed:
+                        nn.init.constant_(getattr(block.attn, name), 1.0 if "alpha" in name else 0.0)
