@@ -345,7 +345,8 @@ class Orthros(nn.Module):
         if targets is not None:
             tgt = targets[:, T - t_out:]
             # sum / count rather than mean: a batch whose targets are all ignored gives 0, not NaN
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), tgt.reshape(-1),
+            logits32 = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32
+            loss = F.cross_entropy(logits32.reshape(-1, logits.size(-1)), tgt.reshape(-1),
                                    ignore_index=-1, reduction="sum") / (tgt != -1).sum().clamp(min=1)
         return logits, loss
 
@@ -433,6 +434,12 @@ class Orthros(nn.Module):
         """The paper's conversion (section 4.3): load a trained "transformer" (or Orthros)
         state dict. All shared weights have the same names; Orthros's extra scale-offset
         parameters are absent from a transformer and keep their identity initialisation."""
+        own = self.state_dict()
+        wrong = [k for k, w in state_dict.items() if k in own and own[k].shape != w.shape]
+        if wrong:
+            raise ValueError(f"state dict does not fit this model: {wrong[0]} has shape "
+                             f"{tuple(state_dict[wrong[0]].shape)}, this model's is {tuple(own[wrong[0]].shape)}. "
+                             "Is it from a model of another size?")
         missing, unexpected = self.load_state_dict(state_dict, strict=False)
         allowed = ("alpha", "beta", "alpha_out", "beta_out")
         bad_missing = [k for k in missing if k.rsplit(".", 1)[-1] not in allowed]

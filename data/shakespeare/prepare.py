@@ -1,0 +1,57 @@
+"""Tiny Shakespeare (1.1 MB of plays), GPT-2 BPE, the nanoGPT way.
+
+    python data/shakespeare/prepare.py                    # downloads input.txt if missing
+    python data/shakespeare/prepare.py --input PATH.txt   # offline: use a local copy
+
+The first 90% of the characters are train, the last 10% val. The whole text is one document,
+so no end token is added. Needs the GPT-2 BPE file: see data/tokenizer.py.
+"""
+
+import argparse
+import sys
+import urllib.request
+from pathlib import Path
+
+if __name__ == "__main__":  # run as a script: make `import data` work from the repo root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from data.prepare_utils import write_dataset
+from data.tokenizer import get_tokenizer
+
+URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+DEFAULT_INPUT = Path(__file__).resolve().parent / "input.txt"
+
+
+def download(path):
+    print(f"downloading {URL} to {path}")
+    try:
+        with urllib.request.urlopen(URL, timeout=30) as response:
+            text = response.read()
+    except OSError as e:  # URLError, timeouts and DNS failures are all OSErrors
+        raise RuntimeError(f"could not download Tiny Shakespeare ({e}). Offline, place the file at "
+                           f"{path} or pass --input PATH (prepare(input_path=...)).") from e
+    path.write_bytes(text)
+
+
+def prepare(input_path=None, out_dir=None):
+    """Tokenize Tiny Shakespeare (default: data/shakespeare/input.txt, downloaded if missing)."""
+    input_path = Path(input_path or DEFAULT_INPUT)
+    out_dir = Path(out_dir or Path(__file__).resolve().parent)
+    if not input_path.exists():
+        if input_path != DEFAULT_INPUT:
+            raise FileNotFoundError(f"no such input file: {input_path}")
+        download(input_path)
+    text = input_path.read_text(encoding="utf-8")
+    n_train = int(0.9 * len(text))  # split by characters before encoding, as nanoGPT does
+    return write_dataset(
+        out_dir, get_tokenizer("gpt2"),
+        train_docs=[text[:n_train]], val_docs=[text[n_train:]], append_eot=False,
+        source=f"Tiny Shakespeare ({URL}), read from {input_path}; first 90% of characters train, last 10% val",
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", help=f"a local copy of input.txt (default: {DEFAULT_INPUT})")
+    parser.add_argument("--out_dir", help="where to write the bins (default: data/shakespeare/)")
+    args = parser.parse_args()
+    prepare(args.input, args.out_dir)

@@ -1,0 +1,148 @@
+"""Tokenizers: raw UTF-8 bytes, or GPT-2 BPE through tiktoken, offline.
+
+    from data.tokenizer import get_tokenizer
+    tok = get_tokenizer("gpt2")   # or "byte"
+    ids = tok.encode("hello world") + [tok.eot]   # [31373, 995, 50256]
+    tok.decode(ids)                               # 'hello world<|endoftext|>'
+
+Each tokenizer has .name, .vocab_size, .eot (the end-of-document id), .encode(str) -> list[int]
+and .decode(list[int]) -> str. encode() never emits .eot; callers append it where a document ends.
+
+GPT-2 BPE needs its ranks file (r50k_base.tiktoken, 0.8 MB). tiktoken normally downloads it on
+first use, which fails offline, so we look for it in this order:
+  1. the path in the environment variable ORTHROS_TIKTOKEN_FILE,
+  2. data/gpt2.tiktoken (git-ignored; `python data/get_gpt2_bpe.py` puts it there),
+  3. tiktoken.get_encoding("gpt2"), which works online or from a filled TIKTOKEN_CACHE_DIR.
+"""
+
+import base64
+import hashlib
+import os
+from pathlib import Path
+
+import tiktoken
+
+GPT2_BPE_FILE = Path(__file__).resolve().parent / "gpt2.tiktoken"
+GPT2_BPE_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+GPT2_BPE_HOWTO = (
+    "To get it without reaching openaipublic, run `python data/get_gpt2_bpe.py` from the repo root (it pip-downloads "
+    "the openai-whisper source distribution and extracts whisper/assets/gpt2.tiktoken to "
+    "data/gpt2.tiktoken), or do the same by hand:\n"
+    "    pip download --no-deps --no-binary :all: openai-whisper==20250625 -d /tmp/whisper\n"
+    "    tar -xzf /tmp/whisper/openai_whisper-20250625.tar.gz -C /tmp/whisper\n"
+    "and point ORTHROS_TIKTOKEN_FILE at .../whisper/assets/gpt2.tiktoken."
+)
+
+# The GPT-2 pre-tokenizer regex, copied from tiktoken_ext/openai_public.py (r50k_pat_str, tiktoken
+# 0.14). It is equivalent to the original GPT-2 pattern, just faster.
+GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+GPT2_EOT = "<|endoftext|>"
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are ids 0..255; id 256 is the end-of-document token. Needs no files."""
+
+    name = "byte"
+    eot = 256
+    eot_text = "<|end|>"
+    vocab_size = 257
+
+    def encode(self, text):
+        # surrogatepass: even a str holding lone surrogates (e.g. read with errors="surrogateescape")
+        # encodes, so every prompt can be encoded.
+        return list(text.encode("utf-8", errors="surrogatepass"))
+
+    def decode(self, ids):
+        # Decode each run of bytes between end tokens on its own, so a stray end token
+        # cannot glue together the halves of a multi-byte character.
+        pieces, run = [], bytearray()
+        for i in ids:
+            if i == self.eot:
+                pieces += [run.decode("utf-8", errors="replace"), self.eot_text]
+                run = bytearray()
+            elif 0 <= i < 256:
+                run.append(i)
+            else:
+                raise ValueError(f"byte tokenizer: id {i} is outside its vocabulary 0..{self.vocab_size - 1}")
+        pieces.append(run.decode("utf-8", errors="replace"))
+        return "".join(pieces)
+
+
+class GPT2Tokenizer:
+    """GPT-2 BPE (tiktoken's "gpt2" = r50k_base): 50257 ids, the last one is <|endoftext|>."""
+
+    name = "gpt2"
+    eot = 50256
+    eot_text = GPT2_EOT
+    vocab_size = 50257
+
+    def __init__(self):
+        self.enc = _load_gpt2_encoding()
+
+    def encode(self, text):
+        # NOTE: tiktoken would raise a long traceback here, or (with encode_ordinary) silently split
+        # the marker into ordinary tokens; neither tells the user what is wrong with their text.
+        if GPT2_EOT in text:
+            raise ValueError(
+                f"gpt2 tokenizer: the text contains the special marker {GPT2_EOT!r}; it is not ordinary "
+                "text and cannot be encoded. Remove it (documents are separated by appending tok.eot)."
+            )
+        return self.enc.encode_ordinary(text)
+
+    def decode(self, ids):
+        return self.enc.decode(ids, errors="replace")
+
+
+def _load_gpt2_encoding():
+    path = os.environ.get("ORTHROS_TIKTOKEN_FILE")
+    if path and not Path(path).is_file():
+        raise FileNotFoundError(
+            f"ORTHROS_TIKTOKEN_FILE={path!r} does not exist. It must name the GPT-2 BPE ranks file "
+            f"(r50k_base.tiktoken / gpt2.tiktoken). {GPT2_BPE_HOWTO}"
+        )
+    if not path and GPT2_BPE_FILE.is_file():
+        path = str(GPT2_BPE_FILE)
+    if path:
+        return tiktoken.Encoding(
+            name="gpt2",
+            pat_str=GPT2_PAT_STR,
+            mergeable_ranks=_read_ranks(path),
+            special_tokens={GPT2_EOT: 50256},
+            explicit_n_vocab=50257,
+        )
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:  # offline, tiktoken fails with a network error from deep inside requests
+        raise RuntimeError(
+            f"Could not load the GPT-2 BPE: no ORTHROS_TIKTOKEN_FILE, no {GPT2_BPE_FILE}, and tiktoken "
+            f"could not download it ({type(e).__name__}). {GPT2_BPE_HOWTO}"
+        ) from e
+
+
+def _read_ranks(path):
+    """Read a .tiktoken file ("<base64 token> <rank>" per line) into {token bytes: rank}."""
+    # NOTE: we parse it ourselves rather than call tiktoken.load.load_tiktoken_bpe, which copies even
+    # local files into a temp cache keyed by the path, so a file later replaced at the same path
+    # could be shadowed by its stale cached copy.
+    contents = Path(path).read_bytes()
+    sha256 = hashlib.sha256(contents).hexdigest()
+    if sha256 != GPT2_BPE_SHA256:
+        raise ValueError(
+            f"{path} is not the GPT-2 BPE ranks file: its sha256 is {sha256}, expected "
+            f"{GPT2_BPE_SHA256}. The file is corrupt or a different vocabulary. {GPT2_BPE_HOWTO}"
+        )
+    ranks = {}
+    for line in contents.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+TOKENIZERS = {"byte": ByteTokenizer, "gpt2": GPT2Tokenizer}
+
+
+def get_tokenizer(name):
+    if name not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer {name!r}; choose one of {sorted(TOKENIZERS)}")
+    return TOKENIZERS[name]()

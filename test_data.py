@@ -1,0 +1,216 @@
+"""Tests for data/: tokenizers and prepare scripts. CPU, offline, a few seconds.
+
+    python -m pytest -q test_data.py
+
+The GPT-2 tests need data/gpt2.tiktoken; fetch it once with `python data/get_gpt2_bpe.py`.
+"""
+
+import numpy as np
+import pytest
+
+import data.prepare_utils as prepare_utils
+import data.stdlib.prepare as stdlib_prepare
+from data.prepare_utils import ensure_prepared, load_meta
+from data.shakespeare.prepare import prepare as prepare_shakespeare
+from data.stdlib.prepare import prepare as prepare_stdlib
+from data.tokenizer import GPT2_BPE_FILE, get_tokenizer
+
+UNICODE_SAMPLES = ["", "hello world", "naïve café", "日本語のテキスト", "emoji 🐍🦀👩‍👩‍👧", "tab\tnull\0crlf\r\n",
+                   "combining e\u0301", "right-to-left עברית", "literal <|end|> and <|endoftext|> text"]
+
+
+def read_bin(path):
+    return np.memmap(path, dtype=np.uint16, mode="r").tolist()
+
+
+@pytest.fixture
+def py_corpus(tmp_path):
+    """A small fake stdlib: {relative path: text} of the files prepare should use, plus some it must skip."""
+    src = tmp_path / "lib"
+    kept = {f"mod{i}.py": f"# module {i} — ünïcode ✓\ndef f{i}():\n    return {i}\n" for i in range(8)}
+    kept["pkg/sub.py"] = "x = '日本'\n"
+    skipped = ["test/test_mod.py", "pkg/tests/t.py", "idlelib/idle_test/x.py", "site-packages/lib.py",
+               "__pycache__/mod0.py", "notes.txt"]
+    for rel, text in kept.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text, encoding="utf-8")
+    for rel in skipped:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text("SKIPPED\n")
+    return src, kept
+
+
+def split_docs(path, tok):
+    """The documents in a byte-tokenized .bin: the text between end tokens."""
+    text = tok.decode(read_bin(path))
+    assert text.endswith(tok.eot_text)
+    return text.split(tok.eot_text)[:-1]
+
+
+# ----------------------------------------------------------------------------- tokenizers
+
+def test_byte_tokenizer_round_trips_unicode():
+    """The byte tokenizer decodes its own encoding of any unicode text back exactly."""
+    tok = get_tokenizer("byte")
+    for text in UNICODE_SAMPLES:
+        assert tok.decode(tok.encode(text)) == text
+
+
+def test_byte_encode_never_emits_end_token():
+    """encode() gives only byte ids 0..255, even for text that spells the end token's name."""
+    tok = get_tokenizer("byte")
+    assert (tok.vocab_size, tok.eot) == (257, 256)
+    ids = tok.encode(" ".join(UNICODE_SAMPLES))
+    assert max(ids) < 256 and tok.eot not in ids
+
+
+def test_byte_end_token_decodes_to_its_name():
+    """The end token decodes to '<|end|>' between the texts it separates."""
+    tok = get_tokenizer("byte")
+    assert tok.decode(tok.encode("a") + [tok.eot] + tok.encode("é")) == "a<|end|>é"
+
+
+def test_unknown_tokenizer_is_a_clear_error():
+    """An unknown tokenizer name raises ValueError listing the valid names."""
+    with pytest.raises(ValueError, match=r"unknown tokenizer 'bpe'.*\['byte', 'gpt2'\]"):
+        get_tokenizer("bpe")
+
+
+def test_gpt2_known_encoding():
+    """GPT-2 BPE from the local ranks file gives GPT-2's known ids."""
+    assert GPT2_BPE_FILE.is_file(), "run `python data/get_gpt2_bpe.py` first"
+    tok = get_tokenizer("gpt2")
+    assert (tok.vocab_size, tok.eot) == (50257, 50256)
+    assert tok.encode("hello world") == [31373, 995]
+    assert tok.encode(" the") == [262]
+    assert tok.decode([31373, 995, 50256]) == "hello world<|endoftext|>"
+
+
+def test_gpt2_round_trips_unicode():
+    """GPT-2 BPE decodes its own encoding of unicode text back exactly."""
+    tok = get_tokenizer("gpt2")
+    for text in UNICODE_SAMPLES[:-1]:  # the last one holds <|endoftext|>, tested below
+        assert tok.decode(tok.encode(text)) == text
+
+
+def test_gpt2_rejects_endoftext_in_text():
+    """Text containing '<|endoftext|>' raises a ValueError naming the marker, not a tiktoken error."""
+    with pytest.raises(ValueError, match=r"special marker '<\|endoftext\|>'"):
+        get_tokenizer("gpt2").encode("one document<|endoftext|>another")
+
+
+def test_gpt2_wrong_hash_is_a_clear_error(tmp_path, monkeypatch):
+    """A ranks file with the wrong sha256 raises ValueError saying so and how to get the right one."""
+    bad = tmp_path / "gpt2.tiktoken"
+    bad.write_bytes(GPT2_BPE_FILE.read_bytes()[:-100])
+    monkeypatch.setenv("ORTHROS_TIKTOKEN_FILE", str(bad))
+    with pytest.raises(ValueError, match=r"sha256(.|\n)*get_gpt2_bpe\.py"):
+        get_tokenizer("gpt2")
+
+
+def test_gpt2_missing_env_file_is_a_clear_error(tmp_path, monkeypatch):
+    """ORTHROS_TIKTOKEN_FILE naming a missing file raises FileNotFoundError, without falling back."""
+    monkeypatch.setenv("ORTHROS_TIKTOKEN_FILE", str(tmp_path / "nowhere.tiktoken"))
+    with pytest.raises(FileNotFoundError, match=r"ORTHROS_TIKTOKEN_FILE(.|\n)*get_gpt2_bpe\.py"):
+        get_tokenizer("gpt2")
+
+
+# ----------------------------------------------------------------------------- stdlib
+
+def test_stdlib_bins_decode_back_to_the_files(py_corpus, tmp_path):
+    """train.bin and val.bin decode to their files' texts, each followed by the end token, in path order."""
+    src, kept = py_corpus
+    meta = prepare_stdlib(src, tmp_path / "out", val_fraction=0.5)
+    tok = get_tokenizer("byte")
+    val_files = meta["val_files"]
+    train_files = sorted(set(kept) - set(val_files))
+    assert split_docs(tmp_path / "out/train.bin", tok) == [kept[f] for f in train_files]
+    assert split_docs(tmp_path / "out/val.bin", tok) == [kept[f] for f in sorted(val_files)]
+
+
+def test_stdlib_splits_by_file(py_corpus, tmp_path):
+    """Every kept file is in exactly one split, both splits are non-empty, and tests/caches are skipped."""
+    src, kept = py_corpus
+    prepare_stdlib(src, tmp_path / "out", val_fraction=0.5)
+    tok = get_tokenizer("byte")
+    train = split_docs(tmp_path / "out/train.bin", tok)
+    val = split_docs(tmp_path / "out/val.bin", tok)
+    assert train and val and not set(train) & set(val)
+    assert sorted(train + val) == sorted(kept.values())
+
+
+def test_stdlib_split_is_deterministic(py_corpus, tmp_path):
+    """Preparing twice, or with extra files added, puts each file in the same split."""
+    src, _ = py_corpus
+    first = prepare_stdlib(src, tmp_path / "a", val_fraction=0.5)["val_files"]
+    assert prepare_stdlib(src, tmp_path / "b", val_fraction=0.5)["val_files"] == first
+    for i in range(8, 20):
+        (src / f"mod{i}.py").write_text(f"y = {i}\n")
+    grown = prepare_stdlib(src, tmp_path / "c", val_fraction=0.5)["val_files"]
+    assert [f for f in grown if f in first] == first
+
+
+def test_stdlib_meta_counts(py_corpus, tmp_path):
+    """meta.json's token and document counts match the bins and the corpus."""
+    src, kept = py_corpus
+    prepare_stdlib(src, tmp_path / "out", val_fraction=0.5)
+    meta = load_meta(tmp_path / "out")
+    assert (meta["tokenizer"], meta["vocab_size"], meta["eot"]) == ("byte", 257, 256)
+    assert meta["train_tokens"] == len(read_bin(tmp_path / "out/train.bin"))
+    assert meta["val_tokens"] == len(read_bin(tmp_path / "out/val.bin"))
+    assert meta["train_docs"] + meta["val_docs"] == len(kept)
+    n_bytes = sum(len(text.encode()) for text in kept.values())
+    assert meta["train_tokens"] + meta["val_tokens"] == n_bytes + len(kept)  # + one end token per file
+
+
+def test_stdlib_max_files(py_corpus, tmp_path):
+    """max_files keeps N files in all, taken from each split in proportion to val_fraction."""
+    src, _ = py_corpus
+    meta = prepare_stdlib(src, tmp_path / "out", max_files=4, val_fraction=0.5)
+    assert (meta["train_docs"], meta["val_docs"]) == (2, 2)
+
+
+# ----------------------------------------------------------------------------- shakespeare
+
+def test_shakespeare_bins_decode_back(tmp_path):
+    """Shakespeare's train/val bins decode to the first 90% and last 10% of the text's characters."""
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 5
+    (tmp_path / "input.txt").write_text(text)
+    meta = prepare_shakespeare(tmp_path / "input.txt", tmp_path / "out")
+    tok = get_tokenizer("gpt2")
+    n_train = int(0.9 * len(text))
+    assert tok.decode(read_bin(tmp_path / "out/train.bin")) == text[:n_train]
+    assert tok.decode(read_bin(tmp_path / "out/val.bin")) == text[n_train:]
+    assert (meta["tokenizer"], meta["vocab_size"]) == ("gpt2", 50257)
+
+
+def test_shakespeare_missing_input_is_a_clear_error(tmp_path):
+    """A missing --input file raises FileNotFoundError naming it, without trying to download."""
+    with pytest.raises(FileNotFoundError, match="nowhere.txt"):
+        prepare_shakespeare(tmp_path / "nowhere.txt", tmp_path / "out")
+
+
+# ----------------------------------------------------------------------------- ensure_prepared
+
+def test_unknown_dataset_is_a_clear_error():
+    """An unknown dataset name raises ValueError listing the datasets that have a prepare.py."""
+    with pytest.raises(ValueError, match=r"unknown dataset 'wiki'.*'shakespeare'.*'stdlib'"):
+        ensure_prepared("wiki")
+
+
+def test_ensure_prepared_runs_prepare_only_when_files_are_missing(tmp_path, monkeypatch):
+    """ensure_prepared calls the dataset's prepare() if its bins are missing, and not once they exist."""
+    (tmp_path / "stdlib").mkdir()
+    (tmp_path / "stdlib/prepare.py").touch()
+    monkeypatch.setattr(prepare_utils, "DATA_ROOT", tmp_path)
+    calls = []
+
+    def fake_prepare():
+        calls.append(1)
+        for name in prepare_utils.OUTPUT_FILES:
+            (tmp_path / "stdlib" / name).touch()
+
+    monkeypatch.setattr(stdlib_prepare, "prepare", fake_prepare)
+    assert ensure_prepared("stdlib") == tmp_path / "stdlib"
+    assert ensure_prepared("stdlib") == tmp_path / "stdlib"
+    assert calls == [1]

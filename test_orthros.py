@@ -1,0 +1,414 @@
+"""
+The specification of Orthros attention (../shared/METHOD.md, paper section 3), as tests.
+
+Run: python -m pytest -q
+CPU, float64 where exactness is the point, tiny shapes. The tests marked `cuda` run the
+GPU paths against the same references and skip only where there is no GPU.
+"""
+
+import pytest
+import torch
+
+from orthros import (ATTN_TYPES, Orthros, OrthrosConfig, attention_mask,
+                     blocked_sliding_window_attention, dense_sliding_window_attention)
+
+
+def make_model(attn="orthros", seed=0, dtype=torch.float64, randomize=True, **overrides):
+    """A tiny model in float64. randomize=True moves the scale-offsets (and the optional
+    convolution) off their identity start, so the tests can tell the two streams apart."""
+    kw = dict(vocab_size=37, n_layer=2, n_head=2, n_embd=16, window=8, attn=attn, max_seq_len=512)
+    kw.update(overrides)
+    torch.manual_seed(seed)
+    model = Orthros(OrthrosConfig(**kw)).to(dtype).eval()
+    if randomize:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.split(".")[-1] in ("alpha", "beta", "alpha_out", "beta_out", "conv"):
+                    p.add_(0.5 * torch.randn_like(p))
+    return model
+
+
+def incremental_logits(model, idx, p):
+    """Logits at positions p-1 ... T-1 from prefill(idx[:, :p]) and then one decode step per token."""
+    logits, cache = model.prefill(idx[:, :p])
+    out = [logits]
+    for t in range(p, idx.size(1)):
+        logits, cache = model.decode(idx[:, t], cache)
+        out.append(logits)
+    return torch.cat(out, dim=1)
+
+
+# -----------------------------------------------------------------------------
+# Invariant 1: training forward == prefill + decode
+
+@pytest.mark.parametrize("attn", ATTN_TYPES)
+@pytest.mark.parametrize("conv_kernel", [0, 3])
+def test_training_forward_equals_prefill_plus_decode(attn, conv_kernel):
+    """Pre-training logits at positions p-1..T-1 equal prefill(p tokens) + one-token decode steps."""
+    model = make_model(attn, conv_kernel=conv_kernel)
+    idx = torch.randint(0, 37, (3, 3 * 8 + 5))  # batch 3, T = 29: more than three windows
+    full, _ = model(idx)
+    for p in [1, 2, 7, 8, 9, 17, 28, 29]:
+        torch.testing.assert_close(incremental_logits(model, idx, p), full[:, p - 1:], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("attn", ATTN_TYPES)
+def test_training_forward_equals_prefill_plus_decode_window_128(attn):
+    """The same with the paper's window 128 and T = 300 > 2w."""
+    model = make_model(attn, window=128, n_layer=2, n_embd=8, n_head=1)
+    idx = torch.randint(0, 37, (2, 300))
+    full, _ = model(idx)
+    for p in [1, 128, 129, 257, 300]:
+        torch.testing.assert_close(incremental_logits(model, idx, p), full[:, p - 1:], rtol=0, atol=1e-10)
+
+
+# -----------------------------------------------------------------------------
+# Invariant 2: any t_out agrees
+
+@pytest.mark.parametrize("attn", ATTN_TYPES)
+def test_t_out_gives_the_last_rows(attn):
+    """forward(t_out=k) equals the last k rows of forward(t_out=T), for every k."""
+    model = make_model(attn)
+    idx = torch.randint(0, 37, (2, 21))
+    full, _ = model(idx, t_out=21)
+    for k in range(1, 22):
+        logits, _ = model(idx, t_out=k)
+        assert logits.shape == (2, k, 37)
+        torch.testing.assert_close(logits, full[:, -k:], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("attn", ATTN_TYPES)
+def test_sft_loss_with_small_t_out_equals_full_t_out(attn):
+    """The SFT loss and its gradients with a small t_out equal those with t_out = T and the same ignore mask."""
+    model = make_model(attn)
+    idx = torch.randint(0, 37, (2, 24))
+    targets = torch.randint(0, 37, (2, 24))
+    targets[0, :15] = -1       # example 0: its response starts at position 15
+    targets[1, :19] = -1       # example 1: at position 19
+    targets[1, 21] = -1        # and a hole inside the response
+    losses, grads = [], []
+    for t_out in (9, 12, 24):  # 9 = smallest suffix that covers every target
+        model.zero_grad()
+        _, loss = model(idx, targets, t_out=t_out)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for loss, grad in zip(losses[1:], grads[1:]):
+        torch.testing.assert_close(loss, losses[0], rtol=0, atol=1e-12)
+        for g, g0 in zip(grad, grads[0]):
+            torch.testing.assert_close(g, g0, rtol=0, atol=1e-12)
+
+
+def test_loss_is_the_mean_over_non_ignored_targets():
+    """loss is the mean cross-entropy over exactly the non-ignored targets, and 0 (not NaN) when all are ignored."""
+    model = make_model()
+    idx = torch.randint(0, 37, (2, 10))
+    targets = torch.randint(0, 37, (2, 10))
+    targets[0, 3] = -1
+    logits, loss = model(idx, targets)
+    keep = targets != -1
+    expected = torch.nn.functional.cross_entropy(logits[keep], targets[keep])
+    torch.testing.assert_close(loss, expected)
+    _, loss = model(idx, torch.full_like(idx, -1))
+    assert loss.item() == 0.0
+
+
+# -----------------------------------------------------------------------------
+# Invariant 3: the window is exact
+
+@pytest.mark.parametrize("T", [1, 5, 7, 8, 9, 19, 32])
+@pytest.mark.parametrize("window", [1, 3, 8])
+def test_blocked_swa_equals_dense_reference(T, window):
+    """The blockwise sliding window equals the dense-mask reference, forward and backward."""
+    torch.manual_seed(T * 10 + window)
+    q, k, v = (torch.randn(2, 3, T, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    dy = torch.randn(2, 3, T, 4, dtype=torch.float64)
+    ref = dense_sliding_window_attention(q, k, v, window)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), dy)
+    out = blocked_sliding_window_attention(q, k, v, window)
+    out_grads = torch.autograd.grad(out, (q, k, v), dy)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for g, g_ref in zip(out_grads, ref_grads):
+        torch.testing.assert_close(g, g_ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("swa", [dense_sliding_window_attention, blocked_sliding_window_attention])
+@pytest.mark.parametrize("T", [5, 8, 21])
+def test_window_boundary_is_exact(swa, T):
+    """Position t sees exactly keys t-w+1 ... t: key t-w+1 is seen, key t-w is not."""
+    w = 8
+    q = torch.zeros(1, 1, T, T, dtype=torch.float64)        # equal scores: uniform over the visible keys
+    k = torch.randn(1, 1, T, T, dtype=torch.float64)
+    v = torch.eye(T, dtype=torch.float64)[None, None]      # value of key j = one-hot(j)
+    seen = swa(q, k, v, w)[0, 0] > 0                         # (T, T): which keys each query mixed in
+    for t in range(T):
+        assert seen[t].nonzero().flatten().tolist() == list(range(max(0, t - w + 1), t + 1))
+
+
+def test_attention_mask_is_bottom_right_aligned():
+    """With fewer queries than keys, queries are the last positions: the last query sees every key."""
+    mask = attention_mask(2, 5)
+    assert mask.tolist() == [[True, True, True, True, False], [True] * 5]
+    assert attention_mask(3, 5, window=2).tolist() == [[False, True, True, False, False],
+                                                       [False, False, True, True, False],
+                                                       [False, False, False, True, True]]
+
+
+@pytest.mark.parametrize("attn", ["orthros", "swa"])
+def test_blocked_and_dense_models_agree(attn):
+    """A whole model gives the same logits and gradients with swa_impl 'blocked' and 'dense'."""
+    blocked = make_model(attn)
+    dense = make_model(attn, swa_impl="dense")
+    dense.load_state_dict(blocked.state_dict())
+    idx = torch.randint(0, 37, (2, 27))
+    for model in (blocked, dense):
+        model.zero_grad()
+        model(idx, idx)[1].backward()
+    torch.testing.assert_close(blocked(idx)[0], dense(idx)[0], rtol=0, atol=1e-12)
+    for pb, pd in zip(blocked.parameters(), dense.parameters()):
+        torch.testing.assert_close(pb.grad, pd.grad, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("attn", ["orthros", "swa"])
+def test_base_stream_is_local(attn):
+    """The keys and values at position t depend only on tokens t - L(w-1) ... t."""
+    model = make_model(attn, n_layer=3, window=4)             # L(w-1) = 9
+    T, reach = 30, 3 * (4 - 1)
+    idx = torch.randint(0, 37, (1, T))
+    _, cache = model.prefill(idx)
+    far = idx.clone()
+    far[0, : T - 1 - reach] = (far[0, : T - 1 - reach] + 1) % 37  # every token farther back than L(w-1)
+    _, cache_far = model.prefill(far)
+    for layer in range(3):
+        torch.testing.assert_close(cache_far.k[layer][..., -1, :], cache.k[layer][..., -1, :], rtol=0, atol=0)
+        torch.testing.assert_close(cache_far.v[layer][..., -1, :], cache.v[layer][..., -1, :], rtol=0, atol=0)
+    near = idx.clone()
+    near[0, T - 1 - (reach - 3)] = (near[0, T - 1 - (reach - 3)] + 1) % 37  # the last layer's keys reach (L-1)(w-1)
+    _, cache_near = model.prefill(near)
+    assert not torch.equal(cache_near.k[2][..., -1, :], cache.k[2][..., -1, :])
+
+
+@pytest.mark.parametrize("attn", ATTN_TYPES)
+def test_output_stream_is_global(attn):
+    """Token 0 changes the last logit for orthros and transformer, far beyond the window; not for swa."""
+    model = make_model(attn, n_layer=2, window=4)
+    idx = torch.randint(0, 37, (1, 40))
+    other = idx.clone()
+    other[0, 0] = (other[0, 0] + 1) % 37
+    changed = not torch.equal(model(idx, t_out=1)[0], model(other, t_out=1)[0])
+    assert changed == (attn != "swa")
+
+
+def test_base_stream_never_sees_the_output_stream():
+    """Orthros's base stream (its K/V cache) is exactly an SWA model's with the same weights: keys
+    and values come from base tokens only, whatever the output tokens' scale-offset."""
+    orthros = make_model("orthros")
+    swa = make_model("swa")
+    swa.load_state_dict(orthros.state_dict(), strict=False)
+    with torch.no_grad():
+        for block in orthros.blocks:            # identity base query, random output query
+            block.attn.alpha.fill_(1.0)
+            block.attn.beta.zero_()
+    idx = torch.randint(0, 37, (2, 30))
+    _, cache_o = orthros.prefill(idx)
+    _, cache_s = swa.prefill(idx)
+    assert cache_o.k[0].shape == (2, 2, 30, 8)  # T positions: output tokens add no keys
+    for layer in range(2):
+        torch.testing.assert_close(cache_o.k[layer], cache_s.k[layer], rtol=0, atol=1e-12)
+        torch.testing.assert_close(cache_o.v[layer], cache_s.v[layer], rtol=0, atol=1e-12)
+
+
+# -----------------------------------------------------------------------------
+# Invariant 4: causality
+
+@pytest.mark.parametrize("attn", ATTN_TYPES)
+@pytest.mark.parametrize("conv_kernel", [0, 3])
+def test_causality(attn, conv_kernel):
+    """Changing token j changes no logits before position j (and does change the one at j)."""
+    model = make_model(attn, conv_kernel=conv_kernel)
+    idx = torch.randint(0, 37, (1, 26))
+    logits, _ = model(idx)
+    for j in [0, 5, 8, 17, 25]:
+        other = idx.clone()
+        other[0, j] = (other[0, j] + 1) % 37
+        other_logits, _ = model(other)
+        torch.testing.assert_close(other_logits[:, :j], logits[:, :j], rtol=0, atol=0)
+        assert not torch.equal(other_logits[:, j], logits[:, j])
+
+
+# -----------------------------------------------------------------------------
+# Invariant 5: reduction to a Transformer, and the paper's conversion
+
+@pytest.mark.parametrize("conv_kernel", [0, 3])
+def test_orthros_with_full_window_equals_transformer(conv_kernel):
+    """With w >= T and identity scale-offset, Orthros built from a transformer's weights gives its logits."""
+    transformer = make_model("transformer", conv_kernel=conv_kernel, window=32)
+    orthros = make_model("orthros", conv_kernel=conv_kernel, window=32, seed=1)
+    orthros.load_transformer_weights(transformer.state_dict())
+    idx = torch.randint(0, 37, (2, 32))
+    torch.testing.assert_close(orthros(idx)[0], transformer(idx)[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(orthros(idx, t_out=5)[0], transformer(idx, t_out=5)[0], rtol=0, atol=1e-12)
+
+
+def test_conversion_is_a_pure_weight_copy():
+    """A transformer state dict loads into Orthros: shared weights keep their names, scale-offsets start at identity."""
+    transformer = make_model("transformer")
+    orthros = make_model("orthros", seed=1)                 # randomized scale-offsets
+    orthros.load_transformer_weights(transformer.state_dict())
+    sd_o = orthros.state_dict()
+    for name, w in transformer.state_dict().items():
+        assert torch.equal(sd_o[name], w)
+    extra = set(sd_o) - set(transformer.state_dict())
+    assert extra == {f"blocks.{i}.attn.{n}" for i in range(2) for n in ("alpha", "beta", "alpha_out", "beta_out")}
+    for name in extra:
+        assert torch.all(sd_o[name] == (1.0 if "alpha" in name else 0.0))
+
+
+def test_scale_offset_parameters():
+    """Orthros has alpha, beta, alpha', beta' per layer (ones and zeros at init); w/o SO and the baselines have none."""
+    sizes = {}
+    for attn, so in [("orthros", True), ("orthros", False), ("transformer", True), ("swa", True)]:
+        model = Orthros(OrthrosConfig(vocab_size=37, n_layer=2, n_head=2, n_embd=16, attn=attn, scale_offset=so))
+        sizes[attn, so] = model.num_params()
+    assert sizes["orthros", True] == sizes["transformer", True] + 2 * 4 * 16
+    assert sizes["orthros", False] == sizes["transformer", True] == sizes["swa", True]
+    attn = Orthros(OrthrosConfig(vocab_size=37, n_layer=1, n_head=2, n_embd=16)).blocks[0].attn
+    assert torch.all(attn.alpha == 1) and torch.all(attn.alpha_out == 1)
+    assert torch.all(attn.beta == 0) and torch.all(attn.beta_out == 0)
+
+
+def test_conversion_rejects_a_model_of_another_size():
+    """Loading weights of another shape fails with a message that names the problem."""
+    orthros = make_model("orthros")
+    with pytest.raises(ValueError, match="another size"):
+        orthros.load_transformer_weights(make_model("transformer", n_embd=32).state_dict())
+
+
+# -----------------------------------------------------------------------------
+# Generation
+
+@pytest.mark.parametrize("attn", ATTN_TYPES)
+def test_greedy_generate_equals_argmax_of_full_forwards(attn):
+    """generate(temperature=0) through the KV cache equals the greedy argmax of repeated full forwards."""
+    model = make_model(attn)
+    idx = torch.randint(0, 37, (2, 5))
+    out = model.generate(idx, 25, temperature=0)
+    ref = idx
+    for _ in range(25):
+        logits, _ = model(ref, t_out=1)
+        ref = torch.cat([ref, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, ref)
+
+
+def test_sampling_respects_top_k():
+    """With top_k=1, sampling at any temperature is greedy."""
+    model = make_model()
+    idx = torch.randint(0, 37, (2, 5))
+    assert torch.equal(model.generate(idx, 10, temperature=2.0, top_k=1), model.generate(idx, 10, temperature=0))
+
+
+# -----------------------------------------------------------------------------
+# Clear errors on bad input
+
+def test_bad_t_out_is_rejected():
+    """t_out < 1 or > T is an error that names t_out."""
+    model = make_model()
+    idx = torch.randint(0, 37, (2, 10))
+    for t_out in (0, -1, 11):
+        with pytest.raises(ValueError, match="t_out"):
+            model(idx, t_out=t_out)
+
+
+def test_too_long_sequences_are_rejected():
+    """Sequences longer than max_seq_len are refused in forward, prefill, decode and generate."""
+    model = make_model(max_seq_len=16)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model.prefill(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model.generate(torch.zeros(1, 10, dtype=torch.long), 7)
+    _, cache = model.prefill(torch.zeros(1, 16, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model.decode(torch.zeros(1, dtype=torch.long), cache)
+
+
+def test_targets_outside_output_positions_are_rejected():
+    """A target other than -1 before the output positions is an error, never silently dropped."""
+    model = make_model()
+    idx = torch.randint(0, 37, (2, 10))
+    targets = torch.full_like(idx, -1)
+    targets[:, 6:] = 3
+    model(idx, targets, t_out=4)  # fine: all targets are in the last 4 positions
+    with pytest.raises(ValueError, match="t_out"):
+        model(idx, targets, t_out=3)
+
+
+def test_cache_from_another_model_is_rejected():
+    """decode() refuses a cache made by a different model, and a batch that does not match the cache."""
+    model, other = make_model(), make_model()
+    _, cache = other.prefill(torch.zeros(2, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="cache"):
+        model.decode(torch.zeros(2, dtype=torch.long), cache)
+    _, cache = model.prefill(torch.zeros(2, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="batch"):
+        model.decode(torch.zeros(3, dtype=torch.long), cache)
+
+
+def test_bad_config_is_rejected():
+    """Unknown attention types and impossible shapes are caught when the config is built."""
+    with pytest.raises(ValueError, match="attn"):
+        OrthrosConfig(attn="linear")
+    with pytest.raises(ValueError, match="n_head"):
+        OrthrosConfig(n_embd=10, n_head=3)
+    assert OrthrosConfig().window == 128
+
+
+# -----------------------------------------------------------------------------
+# The GPU paths (bf16, SDPA's fused kernels), held to the float64 references
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@cuda
+@pytest.mark.parametrize("T", [64, 128, 192, 320, 1000])
+@pytest.mark.parametrize("window", [32, 128])
+def test_cuda_blocked_swa_matches_float64_reference(T, window):
+    """On the GPU in bf16, the blockwise window matches the float64 reference, forward and backward, with no NaN."""
+    torch.manual_seed(T)
+    q, k, v = (torch.randn(2, 6, T, 128, device="cuda") for _ in range(3))
+    dy = torch.randn(2, 6, T, 128, device="cuda")
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    ref_out = dense_sliding_window_attention(*ref, window)
+    ref_grads = torch.autograd.grad(ref_out, ref, dy.double())
+    fast = [t.bfloat16().requires_grad_() for t in (q, k, v)]
+    out = blocked_sliding_window_attention(*fast, window)
+    grads = torch.autograd.grad(out, fast, dy.bfloat16())
+    assert rel_err(out, ref_out) < 1e-2
+    for g, g_ref in zip(grads, ref_grads):
+        assert torch.isfinite(g).all()
+        assert rel_err(g, g_ref) < 2e-2
+
+
+@cuda
+@pytest.mark.parametrize("attn", ATTN_TYPES)
+def test_cuda_bf16_model_matches_float64_and_decodes_consistently(attn):
+    """A bf16 model on the GPU matches its float64 CPU twin, and its prefill + decode matches its own forward."""
+    model = make_model(attn, window=128, n_layer=2, n_embd=256, n_head=2, vocab_size=97)
+    idx = torch.randint(0, 97, (2, 400))
+    ref, _ = model(idx)
+    gpu = make_model(attn, window=128, n_layer=2, n_embd=256, n_head=2, vocab_size=97, dtype=torch.bfloat16)
+    gpu.load_state_dict(model.state_dict())
+    gpu = gpu.cuda()
+    logits, _ = gpu(idx.cuda())
+    assert rel_err(logits, ref) < 2e-2
+    inc = incremental_logits(gpu, idx.cuda(), 300)
+    assert rel_err(inc, logits[:, 299:]) < 2e-2
+    gpu.train()
+    _, loss = gpu(idx.cuda(), idx.cuda())
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in gpu.parameters())
