@@ -2,7 +2,7 @@
 Benchmark Orthros against the Transformer and SWA baselines at one model size, in one process.
 
 Sections (pick with --sections):
-  prefill  latency of model.prefill(idx) at batch 1 for each T in --prefill_lens, the speedup
+  prefill  latency of model.prefill(idx) at --batch (1) for each T in --prefill_lens, the speedup
            over the Transformer, and the FLOP-count limit of that speedup (prefill_flop_limits)
   decode   tokens/s of model.decode() with the KV cache after a prompt of each --decode_ctx
   train    forward + backward + AdamW step at --train_T: ms, tokens/s and MFU
@@ -30,7 +30,7 @@ import torch
 from orthros import Orthros, OrthrosConfig
 
 MODELS = ("transformer", "orthros", "swa")  # the Transformer first: the others' speedups need it
-TINY = dict(n_layer=2, n_embd=128, n_head=2, window=16, prefill_lens="256,512,1024",
+TINY = dict(n_layer=2, n_embd=128, n_head=2, window=16, vocab_size=4096, prefill_lens="256,512,1024",
             decode_ctx="128", decode_steps=8, train_T=256, train_batch=2, reps=3)
 
 
@@ -87,7 +87,9 @@ def prefill_flop_limits(cfg, T, attn):
 
 
 def train_flops(cfg, T, batch):
-    """FLOPs of one training step: forward (pre-training, t_out = T) + backward (2x forward)."""
+    """FLOPs of one training step: forward (pre-training, t_out = T) + backward (2x forward).
+    Orthros's forward: token-wise work on 2T tokens (K, V on T), SWA for T base queries, causal
+    cross-attention for T output queries (a Transformer's attention), LM head on T outputs."""
     return 3 * batch * forward_flops(cfg, T, T)
 
 
@@ -139,12 +141,15 @@ def measure(fn, device):
     return result
 
 
-def build_model(args, attn, dtype, device, max_seq_len):
-    cfg = OrthrosConfig(vocab_size=args.vocab_size, n_layer=args.n_layer, n_head=args.n_head,
-                        n_embd=args.n_embd, window=args.window, attn=attn, max_seq_len=max_seq_len)
+def make_config(args, attn):
+    return OrthrosConfig(vocab_size=args.vocab_size, n_layer=args.n_layer, n_head=args.n_head,
+                         n_embd=args.n_embd, window=args.window, attn=attn, max_seq_len=args.max_seq_len)
+
+
+def build_model(args, attn, dtype, device):
     torch.manual_seed(0)
     with torch.device(device):  # initialize the weights on the device directly: much faster
-        model = Orthros(cfg)
+        model = Orthros(make_config(args, attn))
     return model.to(dtype)
 
 
@@ -157,7 +162,7 @@ def random_tokens(args, batch, T, device):
 
 def bench_prefill(args, device, results, save):
     for attn in MODELS:
-        model = build_model(args, attn, args.dtype, device, args.max_seq_len).eval()
+        model = build_model(args, attn, args.dtype, device).eval()
         oom_T = float("inf")  # the shortest prompt that ran out of memory
         for T in args.prefill_lens:
             rec = {"attn": attn, "T": T, "batch": args.batch}
@@ -179,8 +184,7 @@ def bench_prefill(args, device, results, save):
         free_memory(device)
     # Speedups over the Transformer, next to their FLOP-count limits.
     ms = {(r["attn"], r["T"]): r.get("ms") for r in results["prefill"]}
-    cfg = OrthrosConfig(vocab_size=args.vocab_size, n_layer=args.n_layer, n_head=args.n_head,
-                        n_embd=args.n_embd, window=args.window, max_seq_len=args.max_seq_len)
+    cfg = make_config(args, "orthros")
     for T in args.prefill_lens:
         rec = {"T": T}
         for attn in ("orthros", "swa"):
@@ -193,7 +197,7 @@ def bench_prefill(args, device, results, save):
 
 def bench_decode(args, device, results, save):
     for attn in MODELS:
-        model = build_model(args, attn, args.dtype, device, args.max_seq_len).eval()
+        model = build_model(args, attn, args.dtype, device).eval()
         for ctx in args.decode_ctx:
             for B in args.decode_batches:
                 def run():
@@ -226,7 +230,7 @@ def bench_train(args, device, results, save):
         rec = {"attn": attn, "T": T, "batch": B}
 
         def run():
-            model = build_model(args, attn, torch.float32, device, args.max_seq_len).train()  # fp32 master weights
+            model = build_model(args, attn, torch.float32, device).train()  # fp32 master weights
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
             idx = random_tokens(args, B, T + 1, device)
             x, y = idx[:, :-1], idx[:, 1:]
@@ -250,6 +254,7 @@ def bench_train(args, device, results, save):
                     print(f"NOTE: torch.compile failed for {attn} ({type(e).__name__}: {str(e)[:200]}); "
                           "timing the eager model instead", flush=True)
                     net = model
+                    optimizer.zero_grad(set_to_none=True)
             sec = time_fn(lambda: step(net), device, args.reps, args.warmup + 1)
             flops = train_flops(model.config, T, B)
             return {"ms": 1e3 * sec, "tokens_per_s": B * T / sec, "flops_per_step": flops,
@@ -272,10 +277,10 @@ def fmt(rec, key, spec):
     return "-" if rec.get("status", "ok") == "ok" else rec["status"].split(":")[0].split(" (")[0]
 
 
-def print_tables(results):
+def print_tables(results, sections=("prefill", "decode", "train")):
     rows = {(r["attn"], r["T"]): r for r in results["prefill"]}
-    if results["prefill_speedup"]:
-        print(f"\nPrefill latency, batch {results['args']['batch']} (ms; peak GB), speedup over the Transformer [FLOP limit; "
+    if "prefill" in sections and results["prefill_speedup"]:
+        print(f"\nPrefill latency, batch {results['args']['batch']} (ms; peak GB incl. weights), speedup over the Transformer [FLOP limit; "
               "limit with the LM head on every token]")
         print(f"{'T':>7} | " + " | ".join(f"{a:>20}" for a in MODELS) + f" | {'orthros x [limit; all]':>24} | {'swa x [limit; all]':>24}")
         for s in results["prefill_speedup"]:
@@ -284,7 +289,7 @@ def print_tables(results):
             spd = [f"{fmt(s, f'{a}_speedup', '{:.2f}x'):>6} [{s[f'{a}_flop_limit']:.1f}; {s[f'{a}_flop_limit_lm_head_all_tokens']:.1f}]"
                    for a in ("orthros", "swa")]
             print(f"{s['T']:>7} | " + " | ".join(cells) + " | " + " | ".join(f"{c:>24}" for c in spd))
-    if results["decode"]:
+    if "decode" in sections and results["decode"]:
         print("\nDecode with the KV cache (tokens/s; peak GB during decoding)")
         print(f"{'ctx':>7} {'batch':>5} | " + " | ".join(f"{a:>20}" for a in MODELS))
         for ctx, B in dict.fromkeys((r["ctx"], r["batch"]) for r in results["decode"]):
@@ -292,13 +297,13 @@ def print_tables(results):
                            for r in results["decode"] if (r["attn"], r["ctx"], r["batch"]) == (a, ctx, B)), "-")
                      for a in MODELS]
             print(f"{ctx:>7} {B:>5} | " + " | ".join(f"{c:>20}" for c in cells))
-    if results["train"]:
+    if "train" in sections and results["train"]:
         print("\nTraining step (forward + backward + AdamW, bf16 autocast, fp32 weights)")
-        print(f"{'model':>11} | {'T':>6} {'batch':>5} | {'ms/step':>9} {'tokens/s':>10} {'TFLOP/step':>10} {'MFU':>7} {'peak GB':>8}")
+        print(f"{'model':>11} | {'T':>6} {'batch':>5} | {'ms/step':>9} {'tokens/s':>10} {'TFLOP/step':>10} {'MFU':>7} {'peak GB':>8} {'compiled':>8}")
         for r in results["train"]:
-            tflop = f"{r['flops_per_step'] / 1e12:.2f}" if r.get("flops_per_step") else "-"
+            tflop = f"{r['flops_per_step'] / 1e12:.3g}" if r.get("flops_per_step") else "-"
             print(f"{r['attn']:>11} | {r['T']:>6} {r['batch']:>5} | {fmt(r, 'ms', '{:.1f}'):>9} {fmt(r, 'tokens_per_s', '{:.0f}'):>10} "
-                  f"{tflop:>10} {fmt(r, 'mfu', '{:.1%}'):>7} {fmt(r, 'peak_mem_gb', '{:.2f}'):>8}")
+                  f"{tflop:>10} {fmt(r, 'mfu', '{:.1%}'):>7} {fmt(r, 'peak_mem_gb', '{:.2f}'):>8} {fmt(r, 'compiled', '{}'):>8}")
 
 
 def git_commit():
@@ -323,7 +328,7 @@ def save_plot(results, path):
         return
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for attn in MODELS:
-        pts = [(r["T"], r["ms"]) for r in results["prefill"] if r["attn"] == attn and r.get("ms")]
+        pts = sorted((r["T"], r["ms"]) for r in results["prefill"] if r["attn"] == attn and r.get("ms"))
         if pts:
             ax.plot(*zip(*pts), marker="o", label=attn)
     ax.set(xscale="log", yscale="log", xlabel="prompt length T (tokens)", ylabel="prefill time (ms)",
@@ -339,7 +344,7 @@ def save_plot(results, path):
 
 def parse_args():
     ints = lambda s: [int(x) for x in s.split(",") if x]
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                    help="weight dtype for prefill and decode (training always uses fp32 weights + bf16 autocast)")
@@ -359,7 +364,7 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=2, help="untimed warmup calls before each timing")
     p.add_argument("--peak_tflops", type=float, default=989.0, help="peak bf16 dense TFLOP/s for MFU (H100/H200: 989)")
     p.add_argument("--sections", default="prefill,decode,train", help="comma-separated subset of prefill,decode,train")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model for the train section")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model for the train section (adds minutes of compile time)")
     p.add_argument("--out_json", default="bench_results.json", help="where to write every figure")
     p.add_argument("--out_png", default="bench_prefill.png", help="prefill plot (needs matplotlib); '' for none")
     p.add_argument("--tiny", action="store_true", help="small preset for a CPU smoke run: " + str(TINY))
@@ -406,8 +411,15 @@ def main():
     t_start = time.time()
     for name, fn in (("prefill", bench_prefill), ("decode", bench_decode), ("train", bench_train)):
         if name in args.sections:
-            fn(args, device, results, save)
+            try:
+                fn(args, device, results, save)
+            except Exception:  # keep what was measured, and go on to the next section
+                traceback.print_exc()
+                print(f"NOTE: the {name} section stopped on the error above", flush=True)
+                free_memory(device)
             print(f"-- {name} done at {time.time() - t_start:.0f} s", flush=True)
+            print_tables(results, [name])
+    print("\n==== summary ====")
     print_tables(results)
     save()
     print(f"\nwrote {args.out_json}", flush=True)

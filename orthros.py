@@ -171,6 +171,19 @@ def causal_depthwise_conv(x, weight, state):
     return y, x[:, x.size(1) - state.size(1):]
 
 
+def sample_next(logits, temperature=1.0, top_k=None):
+    """The next token (B, 1) from logits (B, T, vocab) at the last position: greedy argmax at
+    temperature 0, else sampled from softmax(logits / temperature), optionally from the top k."""
+    logits = logits[:, -1, :].float()
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits[logits < v[:, [-1]]] = -float("inf")
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+
+
 # -----------------------------------------------------------------------------
 # The model
 
@@ -416,15 +429,7 @@ class Orthros(nn.Module):
                              f"max_seq_len={self.config.max_seq_len}")
         logits, cache = self.prefill(idx)
         for step in range(max_new_tokens):
-            logits = logits[:, -1, :].float()
-            if temperature == 0:
-                next_idx = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                    logits[logits < v[:, [-1]]] = -float("inf")
-                next_idx = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            next_idx = sample_next(logits, temperature, top_k)
             idx = torch.cat([idx, next_idx], dim=1)
             if step < max_new_tokens - 1:
                 logits, cache = self.decode(next_idx, cache)
