@@ -74,18 +74,20 @@ class OrthrosConfig:
 # -----------------------------------------------------------------------------
 # Helpers: rotary embeddings, masks built from positions, and the attention kernels
 
-def rope_cos_sin(positions, head_dim, base):
-    """cos and sin, each (len(positions), head_dim/2), for rotating vectors at these positions."""
+def rope_cos_sin(positions, head_dim, base, dtype):
+    """The rotary tables cos, sin: each (len(positions), head_dim), in dtype. Channels i and
+    i + D/2 form a pair that turns by the angle position * base^(-2i/D). The first half of
+    sin is negated so that apply_rope is a single multiply-add."""
     inv_freq = base ** -(torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
-    angles = positions.float()[:, None] * inv_freq[None, :]
-    return angles.cos(), angles.sin()
+    angles = positions.float()[:, None] * inv_freq[None, :]                 # (T, D/2)
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], dim=-1).to(dtype), torch.cat([-sin, sin], dim=-1).to(dtype)
 
 
 def apply_rope(x, cos, sin):
-    """Rotate x: (B, H, T, D) by position. Each channel pair (i, i + D/2) turns by one angle."""
+    """Rotate x: (B, H, T, D) by position: each pair (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
     x1, x2 = x.chunk(2, dim=-1)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return x * cos + torch.cat([x2, x1], dim=-1) * sin
 
 
 def attention_mask(n_q, n_k, window=None, device=None):
@@ -123,9 +125,9 @@ def blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):
     pad = n_blocks * w - T
     # Pad the end to whole blocks, and give the keys one extra block in front that the mask
     # hides: block 0's "previous block".
-    q = F.pad(q, (0, 0, 0, pad)).view(B * H, n_blocks, w, D)
-    k = F.pad(k, (0, 0, w, pad)).view(B * H, n_blocks + 1, w, D)
-    v = F.pad(v, (0, 0, w, pad)).view(B * H, n_blocks + 1, w, D)
+    q = F.pad(q, (0, 0, 0, pad)).reshape(B * H, n_blocks, w, D)
+    k = F.pad(k, (0, 0, w, pad)).reshape(B * H, n_blocks + 1, w, D)
+    v = F.pad(v, (0, 0, w, pad)).reshape(B * H, n_blocks + 1, w, D)
     k = torch.cat([k[:, :-1], k[:, 1:]], dim=2)  # (B*H, n_blocks, 2w, D): previous + own block
     v = torch.cat([v[:, :-1], v[:, 1:]], dim=2)
     # Query i of block b sits at position b*w + i; key j of its 2w keys at (b-1)*w + j.
@@ -238,34 +240,34 @@ class OrthrosAttention(nn.Module):
         return x.view(x.size(0), x.size(1), self.n_head, self.head_dim).transpose(1, 2)
 
     def forward(self, z, n_base, rope, cache=None):
-        """z: (B, n_base + n_out, C), normalized. The first n_base rows are base tokens, the
-        rest output tokens (n_out = 0 for the baselines). rope: (cos, sin) at the base
-        positions. cache: a KVCache that this layer's new keys and values are appended to."""
-        B, _, C = z.shape
-        x = z[:, :n_base]                                  # Alg. 1, line 3: split base ...
-        x_out = z[:, n_base:]                              # ... and output-specific tokens
-        n_out = x_out.size(1)
+        """z: (B, n_base + n_out, C), normalized: n_base base tokens, then n_out output tokens
+        (n_out = 0 for the baselines). rope: (cos, sin) at the positions of z's rows; an output
+        token sits at its base twin's position. cache: a KVCache that this layer's new keys and
+        values are appended to."""
+        B, L, C = z.shape
+        n_out = L - n_base
+        x = z[:, :n_base]          # Alg. 1, line 3: the base tokens; z[:, n_base:] are the output tokens
 
         x_kv = x
-        if self.conv is not None:
-            state = x.new_zeros(B, self.conv.size(-1) - 1, C) if cache is None or cache.conv[self.layer_idx] is None \
-                else cache.conv[self.layer_idx]
+        if self.conv is not None:  # the optional short convolution (not in the paper), base tokens only
+            i = self.layer_idx
+            state = cache.conv[i] if cache is not None and cache.conv[i] is not None else \
+                x.new_zeros(B, self.conv.size(-1) - 1, C)
             x_kv, state = causal_depthwise_conv(x, self.conv, state)
             if cache is not None:
-                cache.conv[self.layer_idx] = state
+                cache.conv[i] = state
         k, v = self.c_k(x_kv), self.c_v(x_kv)              # Alg. 1, line 4: K, V from base tokens only
-        q, q_out = self.c_q(z).split([n_base, n_out], dim=1)
-        if self.scale_offset:                              # Alg. 1, line 5: distinct query transformations
-            q = self.alpha * q + self.beta
-            q_out = self.alpha_out * q_out + self.beta_out
+        q = self.c_q(z)                                    # Alg. 1, line 5: one W_Q for both streams,
+        if self.scale_offset:                              # then distinct query transformations
+            q = torch.cat([self.alpha * q[:, :n_base] + self.beta,
+                           self.alpha_out * q[:, n_base:] + self.beta_out], dim=1)
 
-        # Alg. 1, lines 6-7: split heads, then rotate by position. An output token sits at the
-        # same position as its base twin: the last n_out base positions.
+        # Alg. 1, lines 6-7: split heads, then rotate queries and keys by their positions.
         cos, sin = rope
-        q = apply_rope(self.split_heads(q), cos, sin)                       # (B, H, n_base, D)
-        k = apply_rope(self.split_heads(k), cos, sin)                       # (B, H, n_base, D)
+        q = apply_rope(self.split_heads(q), cos, sin)                       # (B, H, L, D)
+        k = apply_rope(self.split_heads(k), cos[:n_base], sin[:n_base])     # (B, H, n_base, D)
         v = self.split_heads(v)                                             # (B, H, n_base, D)
-        q_out = apply_rope(self.split_heads(q_out), cos[n_base - n_out:], sin[n_base - n_out:])
+        q, q_out = q.split([n_base, n_out], dim=2)
         if cache is not None:  # the naive KV cache: append, keep everything
             i = self.layer_idx
             if cache.k[i] is not None:
@@ -372,7 +374,11 @@ class Orthros(nn.Module):
         else:
             z = x                                           # the baselines have one stream
         positions = torch.arange(start, start + T, device=idx.device)
-        rope = rope_cos_sin(positions, self.config.n_embd // self.config.n_head, self.config.rope_base)
+        if self.config.attn == "orthros":
+            positions = torch.cat([positions, positions[T - t_out:]])  # output tokens: their twins' positions
+        dtype = torch.get_autocast_dtype(idx.device.type) if torch.is_autocast_enabled(idx.device.type) \
+            else self.wte.weight.dtype
+        rope = rope_cos_sin(positions, self.config.n_embd // self.config.n_head, self.config.rope_base, dtype)
         for block in self.blocks:                           # Alg. 2, line 3
             z = block(z, T, rope, cache)
         if cache is not None:
