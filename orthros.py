@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ATTN_TYPES = ("orthros", "transformer", "swa")
 
@@ -106,10 +107,25 @@ def attention_mask(n_q, n_k, window=None, device=None):
     return mask
 
 
+def sdpa(q, k, v, mask=None, is_causal=False, dropout_p=0.0):
+    """F.scaled_dot_product_attention, kept off the cuDNN backend unless the call is plain causal.
+
+    NOTE: on Hopper GPUs, torch 2.11 sends bf16 SDPA to cuDNN by default. cuDNN builds a new
+    plan for every new shape (tens of ms per decode step, where the cache grows by one key each
+    time), and with explicit masks it has traps: fully masked rows are not zero, and gradients
+    can be NaN for some key lengths (S % 128 == 64). The flash and memory-efficient kernels
+    have none of these problems.
+    """
+    if q.is_cuda and not is_causal:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p)
+
+
 def dense_sliding_window_attention(q, k, v, window, dropout_p=0.0):
     """The readable reference for eq. 4: SDPA with an explicit (T, T) band mask. O(T^2)."""
     mask = attention_mask(q.size(-2), k.size(-2), window, q.device)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    return sdpa(q, k, v, mask, dropout_p=dropout_p)
 
 
 def blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):
@@ -135,8 +151,8 @@ def blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):
     q_pos = blk * w + torch.arange(w, device=q.device)[None, :, None]
     k_pos = (blk - 1) * w + torch.arange(2 * w, device=q.device)[None, None, :]
     mask = (k_pos <= q_pos) & (q_pos - k_pos < w) & (k_pos >= 0)  # (n_blocks, w, 2w)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    return y.view(B, H, n_blocks * w, D)[:, :, :T]
+    y = sdpa(q, k, v, mask, dropout_p=dropout_p)                    # (B*H, n_blocks, w, D)
+    return y.reshape(B, H, n_blocks * w, D)[:, :, :T]
 
 
 def causal_attention(q, k, v, window=None, swa_impl="blocked", dropout_p=0.0):
@@ -150,12 +166,11 @@ def causal_attention(q, k, v, window=None, swa_impl="blocked", dropout_p=0.0):
         # The newest position sees every key, or the last w of them: no mask at all.
         if window is not None:
             k, v = k[:, :, -window:], v[:, :, -window:]
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+        return sdpa(q, k, v, dropout_p=dropout_p)
     if window is None or window >= Tk:
-        if Tq == Tk:  # square: is_causal is right, and lets SDPA use its flash kernels
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
-        mask = attention_mask(Tq, Tk, None, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        if Tq == Tk:  # square: is_causal is right, and lets SDPA use its fastest kernels
+            return sdpa(q, k, v, is_causal=True, dropout_p=dropout_p)
+        return sdpa(q, k, v, attention_mask(Tq, Tk, None, q.device), dropout_p=dropout_p)
     assert Tq == Tk, "windowed attention runs over whole sequences (training/prefill) or one query"
     if swa_impl == "blocked":
         return blocked_sliding_window_attention(q, k, v, window, dropout_p)
@@ -259,8 +274,8 @@ class OrthrosAttention(nn.Module):
         k, v = self.c_k(x_kv), self.c_v(x_kv)              # Alg. 1, line 4: K, V from base tokens only
         q = self.c_q(z)                                    # Alg. 1, line 5: one W_Q for both streams,
         if self.scale_offset:                              # then distinct query transformations
-            q = torch.cat([self.alpha * q[:, :n_base] + self.beta,
-                           self.alpha_out * q[:, n_base:] + self.beta_out], dim=1)
+            q = torch.cat([torch.addcmul(self.beta, self.alpha, q[:, :n_base]),              # alpha * q + beta
+                           torch.addcmul(self.beta_out, self.alpha_out, q[:, n_base:])], dim=1)
 
         # Alg. 1, lines 6-7: split heads, then rotate queries and keys by their positions.
         cos, sin = rope

@@ -371,7 +371,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 
 def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+    a, b = a.double().cpu(), b.double().cpu()
+    return ((a - b).norm() / b.norm()).item()
 
 
 @cuda
