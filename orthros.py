@@ -40,6 +40,7 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ATTN_TYPES = ("orthros", "transformer", "swa")
+SWA_IMPLS = ("auto", "flex", "blocked", "dense")
 
 
 @dataclass
@@ -55,13 +56,13 @@ class OrthrosConfig:
     rope_base: float = 10000.0
     dropout: float = 0.0
     conv_kernel: int = 0         # 0 = off; e.g. 3 for the tiny recall models (not in the paper)
-    swa_impl: str = "blocked"    # "blocked" (linear in T) or "dense" (the O(T^2) reference)
+    swa_impl: str = "auto"       # "auto" (flex on CUDA, else blocked) | "flex" | "blocked" | "dense"
 
     def __post_init__(self):
         if self.attn not in ATTN_TYPES:
             raise ValueError(f"unknown attn {self.attn!r}: choose one of {ATTN_TYPES}")
-        if self.swa_impl not in ("blocked", "dense"):
-            raise ValueError(f"unknown swa_impl {self.swa_impl!r}: choose 'blocked' or 'dense'")
+        if self.swa_impl not in SWA_IMPLS:
+            raise ValueError(f"unknown swa_impl {self.swa_impl!r}: choose one of {SWA_IMPLS}")
         if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
             raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads "
                              "of an even size (RoPE rotates pairs of channels)")
@@ -155,11 +156,44 @@ def blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):
     return y.reshape(B, H, n_blocks * w, D)[:, :, :T]
 
 
-def causal_attention(q, k, v, window=None, swa_impl="blocked", dropout_p=0.0):
+def sliding_window_block_mask(T, window, device, block_size=128):
+    """The FlexAttention BlockMask of eq. 4, built from block indices in O((T / 128)^2) memory,
+    never as a (T, T) tensor. Query block b needs the key blocks that hold positions
+    b*128 - w + 1 ... b*128 + 127; mask_mod then trims them to the exact window."""
+    from torch.nn.attention.flex_attention import BlockMask
+    n = math.ceil(T / block_size)
+    q_block = torch.arange(n, device=device)
+    first = torch.clamp((q_block * block_size - window + 1) // block_size, min=0)
+    kv_num_blocks = (q_block - first + 1).int()                            # (n,)
+    kv_indices = torch.clamp(first[:, None] + torch.arange(n, device=device), max=n - 1).int()
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+    return BlockMask.from_kv_blocks(kv_num_blocks[None, None], kv_indices[None, None], BLOCK_SIZE=block_size,
+                                    mask_mod=mask_mod, seq_lengths=(T, T))
+
+
+_compiled_flex_attention = None
+
+
+def flex_sliding_window_attention(q, k, v, block_mask):
+    """Eq. 4 with FlexAttention: a fused kernel that skips the key blocks outside the window.
+    FlexAttention is fast only when compiled; outside torch.compile we call a compiled copy."""
+    global _compiled_flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
+    if torch.compiler.is_compiling():
+        return flex_attention(q, k, v, block_mask=block_mask)
+    if _compiled_flex_attention is None:
+        _compiled_flex_attention = torch.compile(flex_attention)
+    return _compiled_flex_attention(q, k, v, block_mask=block_mask)
+
+
+def causal_attention(q, k, v, window=None, swa_impl="blocked", dropout_p=0.0, swa_mask=None):
     """Causal attention of q: (B, H, Tq, D) over k, v: (B, H, Tk, D), optionally windowed.
 
     The queries are always the last Tq of the Tk key positions: base tokens (Tq = Tk, or 1
     in decoding) and output tokens (the last t_out positions). Pick the cheapest exact path.
+    swa_mask: the FlexAttention BlockMask for swa_impl="flex".
     """
     Tq, Tk = q.size(-2), k.size(-2)
     if Tq == 1:
@@ -172,9 +206,11 @@ def causal_attention(q, k, v, window=None, swa_impl="blocked", dropout_p=0.0):
             return sdpa(q, k, v, is_causal=True, dropout_p=dropout_p)
         return sdpa(q, k, v, attention_mask(Tq, Tk, None, q.device), dropout_p=dropout_p)
     assert Tq == Tk, "windowed attention runs over whole sequences (training/prefill) or one query"
-    if swa_impl == "blocked":
-        return blocked_sliding_window_attention(q, k, v, window, dropout_p)
-    return dense_sliding_window_attention(q, k, v, window, dropout_p)
+    if swa_mask is not None:
+        return flex_sliding_window_attention(q, k, v, swa_mask)
+    if swa_impl == "dense":
+        return dense_sliding_window_attention(q, k, v, window, dropout_p)
+    return blocked_sliding_window_attention(q, k, v, window, dropout_p)
 
 
 def causal_depthwise_conv(x, weight, state):
@@ -254,23 +290,19 @@ class OrthrosAttention(nn.Module):
     def split_heads(self, x):  # (B, T, C) -> (B, H, T, D)
         return x.view(x.size(0), x.size(1), self.n_head, self.head_dim).transpose(1, 2)
 
-    def forward(self, z, n_base, rope, cache=None):
+    def forward(self, z, n_base, rope, swa_mask=None, past=None):
         """z: (B, n_base + n_out, C), normalized: n_base base tokens, then n_out output tokens
         (n_out = 0 for the baselines). rope: (cos, sin) at the positions of z's rows; an output
-        token sits at its base twin's position. cache: a KVCache that this layer's new keys and
-        values are appended to."""
+        token sits at its base twin's position. past: this layer's cached (k, v, conv_state),
+        or None. Returns the output (B, n_base + n_out, C) and the updated (k, v, conv_state)."""
         B, L, C = z.shape
         n_out = L - n_base
         x = z[:, :n_base]          # Alg. 1, line 3: the base tokens; z[:, n_base:] are the output tokens
 
-        x_kv = x
+        x_kv, conv_state = x, None
         if self.conv is not None:  # the optional short convolution (not in the paper), base tokens only
-            i = self.layer_idx
-            state = cache.conv[i] if cache is not None and cache.conv[i] is not None else \
-                x.new_zeros(B, self.conv.size(-1) - 1, C)
-            x_kv, state = causal_depthwise_conv(x, self.conv, state)
-            if cache is not None:
-                cache.conv[i] = state
+            conv_state = past[2] if past is not None else x.new_zeros(B, self.conv.size(-1) - 1, C)
+            x_kv, conv_state = causal_depthwise_conv(x, self.conv, conv_state)
         k, v = self.c_k(x_kv), self.c_v(x_kv)              # Alg. 1, line 4: K, V from base tokens only
         q = self.c_q(z)                                    # Alg. 1, line 5: one W_Q for both streams,
         if self.scale_offset:                              # then distinct query transformations
@@ -283,22 +315,19 @@ class OrthrosAttention(nn.Module):
         k = apply_rope(self.split_heads(k), cos[:n_base], sin[:n_base])     # (B, H, n_base, D)
         v = self.split_heads(v)                                             # (B, H, n_base, D)
         q, q_out = q.split([n_base, n_out], dim=2)
-        if cache is not None:  # the naive KV cache: append, keep everything
-            i = self.layer_idx
-            if cache.k[i] is not None:
-                k = torch.cat([cache.k[i], k], dim=2)                       # (B, H, S, D)
-                v = torch.cat([cache.v[i], v], dim=2)
-            cache.k[i], cache.v[i] = k, v
+        if past is not None:  # the naive KV cache: append the new keys and values, keep everything
+            k = torch.cat([past[0], k], dim=2)                              # (B, H, S, D)
+            v = torch.cat([past[1], v], dim=2)
 
         dropout_p = self.dropout if self.training else 0.0
         # Alg. 1, line 8 (eq. 4): base tokens, sliding window (full causal for "transformer").
-        y = causal_attention(q, k, v, self.window, self.swa_impl, dropout_p)
+        y = causal_attention(q, k, v, self.window, self.swa_impl, dropout_p, swa_mask)
         if n_out > 0:
             # Alg. 1, line 9 (eq. 5): output tokens, full causal cross-attention to the same K, V.
             y_out = causal_attention(q_out, k, v, None, self.swa_impl, dropout_p)
             y = torch.cat([y, y_out], dim=2)                                # Alg. 1, line 11
         y = y.transpose(1, 2).reshape(B, -1, C)                             # Alg. 1, line 10: merge heads
-        return self.c_proj(y)                                               # Alg. 1, line 12: Y = O W_O
+        return self.c_proj(y), (k, v, conv_state)                           # Alg. 1, line 12: Y = O W_O
 
 
 class MLP(nn.Module):
@@ -323,10 +352,11 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, z, n_base, rope, cache=None):
-        z = z + self.drop(self.attn(self.ln_1(z), n_base, rope, cache))  # Alg. 2, lines 4-5
-        z = z + self.drop(self.mlp(self.ln_2(z)))                          # Alg. 2, lines 6-7
-        return z
+    def forward(self, z, n_base, rope, swa_mask=None, past=None):
+        a, present = self.attn(self.ln_1(z), n_base, rope, swa_mask, past)
+        z = z + self.drop(a)                                # Alg. 2, lines 4-5
+        z = z + self.drop(self.mlp(self.ln_2(z)))           # Alg. 2, lines 6-7
+        return z, present
 
 
 class Orthros(nn.Module):
@@ -349,6 +379,14 @@ class Orthros(nn.Module):
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def compile_blocks(self, **kwargs):
+        """torch.compile every block, the model's hot loop, in place: it fuses RoPE, the
+        scale-offsets, norms and residual adds into a few kernels. prefill, decode and generate
+        stay plain Python around the compiled blocks."""
+        for block in self.blocks:
+            block.compile(**kwargs)
+        return self
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
@@ -394,14 +432,26 @@ class Orthros(nn.Module):
         dtype = torch.get_autocast_dtype(idx.device.type) if torch.is_autocast_enabled(idx.device.type) \
             else self.wte.weight.dtype
         rope = rope_cos_sin(positions, self.config.n_embd // self.config.n_head, self.config.rope_base, dtype)
-        for block in self.blocks:                           # Alg. 2, line 3
-            z = block(z, T, rope, cache)
+        swa_mask = None  # FlexAttention's block mask, built once for all layers
+        if self.config.attn != "transformer" and self.config.window < T and self._use_flex(idx.device):
+            swa_mask = sliding_window_block_mask(T, self.config.window, idx.device)
+        for i, block in enumerate(self.blocks):             # Alg. 2, line 3
+            past = (cache.k[i], cache.v[i], cache.conv[i]) if cache is not None and cache.length else None
+            z, present = block(z, T, rope, swa_mask, past)
+            if cache is not None:
+                cache.k[i], cache.v[i], cache.conv[i] = present
         if cache is not None:
             cache.length += T
         # Alg. 2, line 9: keep the last t_out rows, which for Orthros are the output tokens
         # (never base tokens); for the baselines, the base tokens at the output positions.
         z = z[:, -t_out:]
         return self.lm_head(self.ln_f(z))                   # Alg. 2, line 10, then the LM head
+
+    def _use_flex(self, device):
+        impl = self.config.swa_impl
+        if self.training and self.config.dropout > 0:
+            return False  # FlexAttention has no attention dropout: use the blocked path
+        return impl == "flex" or (impl == "auto" and device.type == "cuda")
 
     def _check_idx(self, idx):
         if idx.dim() != 2 or idx.size(1) < 1:

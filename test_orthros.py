@@ -9,8 +9,8 @@ GPU paths against the same references and skip only where there is no GPU.
 import pytest
 import torch
 
-from orthros import (ATTN_TYPES, Orthros, OrthrosConfig, attention_mask,
-                     blocked_sliding_window_attention, dense_sliding_window_attention)
+from orthros import (ATTN_TYPES, Orthros, OrthrosConfig, attention_mask, blocked_sliding_window_attention,
+                     dense_sliding_window_attention, flex_sliding_window_attention, sliding_window_block_mask)
 
 
 def make_model(attn="orthros", seed=0, dtype=torch.float64, randomize=True, **overrides):
@@ -130,6 +130,15 @@ def test_blocked_swa_equals_dense_reference(T, window):
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
     for g, g_ref in zip(out_grads, ref_grads):
         torch.testing.assert_close(g, g_ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("T,window", [(77, 8), (300, 128)])
+def test_flex_swa_equals_dense_reference(T, window):
+    """The FlexAttention window (compiled; here on the CPU) equals the dense reference."""
+    torch.manual_seed(T)
+    q, k, v = (torch.randn(2, 3, T, 16) for _ in range(3))
+    out = flex_sliding_window_attention(q, k, v, sliding_window_block_mask(T, window, "cpu"))
+    torch.testing.assert_close(out, dense_sliding_window_attention(q, k, v, window), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("swa", [dense_sliding_window_attention, blocked_sliding_window_attention])
@@ -376,10 +385,11 @@ def rel_err(a, b):
 
 
 @cuda
+@pytest.mark.parametrize("impl", ["blocked", "flex"])
 @pytest.mark.parametrize("T", [64, 128, 192, 320, 1000])
 @pytest.mark.parametrize("window", [32, 128])
-def test_cuda_blocked_swa_matches_float64_reference(T, window):
-    """On the GPU in bf16, the blockwise window matches the float64 reference, forward and backward, with no NaN."""
+def test_cuda_fast_swa_matches_float64_reference(impl, T, window):
+    """On the GPU in bf16, both fast windows match the float64 reference, forward and backward, with no NaN."""
     torch.manual_seed(T)
     q, k, v = (torch.randn(2, 6, T, 128, device="cuda") for _ in range(3))
     dy = torch.randn(2, 6, T, 128, device="cuda")
@@ -387,7 +397,10 @@ def test_cuda_blocked_swa_matches_float64_reference(T, window):
     ref_out = dense_sliding_window_attention(*ref, window)
     ref_grads = torch.autograd.grad(ref_out, ref, dy.double())
     fast = [t.bfloat16().requires_grad_() for t in (q, k, v)]
-    out = blocked_sliding_window_attention(*fast, window)
+    if impl == "flex":
+        out = flex_sliding_window_attention(*fast, sliding_window_block_mask(T, window, "cuda"))
+    else:
+        out = blocked_sliding_window_attention(*fast, window)
     grads = torch.autograd.grad(out, fast, dy.bfloat16())
     assert rel_err(out, ref_out) < 1e-2
     for g, g_ref in zip(grads, ref_grads):
@@ -396,8 +409,9 @@ def test_cuda_blocked_swa_matches_float64_reference(T, window):
 
 
 @cuda
+@pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("attn", ATTN_TYPES)
-def test_cuda_bf16_model_matches_float64_and_decodes_consistently(attn):
+def test_cuda_bf16_model_matches_float64_and_decodes_consistently(attn, compiled):
     """A bf16 model on the GPU matches its float64 CPU twin, and its prefill + decode matches its own forward."""
     model = make_model(attn, window=128, n_layer=2, n_embd=256, n_head=2, vocab_size=97)
     idx = torch.randint(0, 97, (2, 400))
@@ -405,6 +419,8 @@ def test_cuda_bf16_model_matches_float64_and_decodes_consistently(attn):
     gpu = make_model(attn, window=128, n_layer=2, n_embd=256, n_head=2, vocab_size=97, dtype=torch.bfloat16)
     gpu.load_state_dict(model.state_dict())
     gpu = gpu.cuda()
+    if compiled:
+        gpu.compile_blocks()
     logits, _ = gpu(idx.cuda())
     assert rel_err(logits, ref) < 2e-2
     inc = incremental_logits(gpu, idx.cuda(), 300)
