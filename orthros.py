@@ -198,9 +198,11 @@ def causal_attention(q, k, v, window=None, swa_impl="blocked", dropout_p=0.0, sw
     Tq, Tk = q.size(-2), k.size(-2)
     if Tq == 1:
         # The newest position sees every key, or the last w of them: no mask at all.
+        # NOTE: q may be a strided slice of both streams' queries; a contiguous copy (tiny)
+        # keeps SDPA on its fused kernels instead of a slow fallback that copies the cache.
         if window is not None:
             k, v = k[:, :, -window:], v[:, :, -window:]
-        return sdpa(q, k, v, dropout_p=dropout_p)
+        return sdpa(q.contiguous(), k, v, dropout_p=dropout_p)
     if window is None or window >= Tk:
         if Tq == Tk:  # square: is_causal is right, and lets SDPA use its fastest kernels
             return sdpa(q, k, v, is_causal=True, dropout_p=dropout_p)
