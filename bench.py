@@ -150,7 +150,10 @@ def build_model(args, attn, dtype, device):
     torch.manual_seed(0)
     with torch.device(device):  # initialize the weights on the device directly: much faster
         model = Orthros(make_config(args, attn))
-    return model.to(dtype)
+    model = model.to(dtype)
+    if args.compile:  # fuse each block's elementwise work; the warm-up calls absorb compile time
+        model.compile_blocks()
+    return model
 
 
 def random_tokens(args, batch, T, device):
@@ -242,23 +245,10 @@ def bench_train(args, device, results, save):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
 
-            net, compiled = model, False
-            if args.compile:
-                try:  # compilation happens at the first call, so that is where it fails
-                    net = torch.compile(model)
-                    step(net)
-                    compiled = True
-                except torch.cuda.OutOfMemoryError:
-                    raise
-                except Exception as e:
-                    print(f"NOTE: torch.compile failed for {attn} ({type(e).__name__}: {str(e)[:200]}); "
-                          "timing the eager model instead", flush=True)
-                    net = model
-                    optimizer.zero_grad(set_to_none=True)
-            sec = time_fn(lambda: step(net), device, args.reps, args.warmup + 1)
+            sec = time_fn(lambda: step(model), device, args.reps, args.warmup + 1)
             flops = train_flops(model.config, T, B)
             return {"ms": 1e3 * sec, "tokens_per_s": B * T / sec, "flops_per_step": flops,
-                    "mfu": flops / sec / (args.peak_tflops * 1e12), "compiled": compiled}
+                    "mfu": flops / sec / (args.peak_tflops * 1e12), "compiled": args.compile}
 
         rec.update(measure(run, device))
         results["train"].append(rec)
@@ -364,7 +354,7 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=2, help="untimed warmup calls before each timing")
     p.add_argument("--peak_tflops", type=float, default=989.0, help="peak bf16 dense TFLOP/s for MFU (H100/H200: 989)")
     p.add_argument("--sections", default="prefill,decode,train", help="comma-separated subset of prefill,decode,train")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model for the train section (adds minutes of compile time)")
+    p.add_argument("--compile", action="store_true", help="torch.compile every block of every model (model.compile_blocks()) in all sections")
     p.add_argument("--out_json", default="bench_results.json", help="where to write every figure")
     p.add_argument("--out_png", default="bench_prefill.png", help="prefill plot (needs matplotlib); '' for none")
     p.add_argument("--tiny", action="store_true", help="small preset for a CPU smoke run: " + str(TINY))
@@ -392,6 +382,9 @@ def main():
     # Long enough for every prompt, every decode run (prompt + warmup + timed steps), and training.
     args.max_seq_len = max(args.prefill_lens + [c + args.warmup + args.decode_steps for c in args.decode_ctx] + [args.train_T])
     torch.set_float32_matmul_precision("high")
+    if args.compile:  # three models x prefill/decode/train shapes: more graphs than the default limit of 8
+        torch._dynamo.config.recompile_limit = 64
+        torch._dynamo.config.accumulated_recompile_limit = 1024
     commit, dirty = git_commit()
     results = {
         "meta": {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -38,6 +38,8 @@ def main(argv=None):
     parser.add_argument("--ckpt", help="a checkpoint file (default: the newest under --out_dir)")
     parser.add_argument("--out_dir", default="out", help="where to look for the newest checkpoint")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
+    parser.add_argument("--warmup", action="store_true",
+                        help="run the prompt once before timing (first-call costs, e.g. kernel compilation, excluded)")
     args = parser.parse_args(argv)
 
     if (args.prompt is None) == (args.prompt_file is None):
@@ -68,8 +70,13 @@ def main(argv=None):
         model = model.to(torch.bfloat16)
     print(f"loaded {path} (step {ckpt['step']}, {config['attn']}, {ckpt['tokenizer']} tokenizer) on {device}")
 
-    torch.manual_seed(args.seed)
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)
+    if args.warmup:
+        with torch.inference_mode():
+            logits, cache = model.prefill(idx)
+            for _ in range(2):
+                logits, cache = model.decode(logits[:, -1:].argmax(-1), cache)
+    torch.manual_seed(args.seed)
     # Generate by hand from prefill/decode (model.generate does the same) so the two phases can be timed.
     with torch.inference_mode():
         sync(device)

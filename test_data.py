@@ -5,12 +5,18 @@
 The GPT-2 tests need data/gpt2.tiktoken; fetch it once with `python data/get_gpt2_bpe.py`.
 """
 
+import json
+import random
+
 import numpy as np
 import pytest
 
 import data.prepare_utils as prepare_utils
 import data.stdlib.prepare as stdlib_prepare
 from data.prepare_utils import ensure_prepared, load_meta
+from data.recall.prepare import make_example
+from data.recall.prepare import prepare as prepare_recall
+from data.sft import IGNORE, collate, encode_example, load_examples, read_jsonl
 from data.shakespeare.prepare import prepare as prepare_shakespeare
 from data.stdlib.prepare import prepare as prepare_stdlib
 from data.tokenizer import GPT2_BPE_FILE, get_tokenizer
@@ -199,7 +205,7 @@ def test_unknown_dataset_is_a_clear_error():
 
 
 def test_ensure_prepared_runs_prepare_only_when_files_are_missing(tmp_path, monkeypatch):
-    """ensure_prepared calls the dataset's prepare() if its bins are missing, and not once they exist."""
+    """ensure_prepared calls the dataset's prepare() if its meta.json (written last) is missing, and not once it exists."""
     (tmp_path / "stdlib").mkdir()
     (tmp_path / "stdlib/prepare.py").touch()
     monkeypatch.setattr(prepare_utils, "DATA_ROOT", tmp_path)
@@ -207,10 +213,101 @@ def test_ensure_prepared_runs_prepare_only_when_files_are_missing(tmp_path, monk
 
     def fake_prepare():
         calls.append(1)
-        for name in prepare_utils.OUTPUT_FILES:
+        for name in ("train.bin", "val.bin", "meta.json"):
             (tmp_path / "stdlib" / name).touch()
 
     monkeypatch.setattr(stdlib_prepare, "prepare", fake_prepare)
     assert ensure_prepared("stdlib") == tmp_path / "stdlib"
     assert ensure_prepared("stdlib") == tmp_path / "stdlib"
     assert calls == [1]
+
+
+# ----------------------------------------------------------------------------- SFT format and the recall task
+
+
+def write_lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_sft_jsonl_bad_lines_are_named(tmp_path):
+    """Each malformed JSONL line gives an error that names the file, the line and the problem."""
+    cases = [('{"prompt": "a"}', "needs 'prompt' and 'response'"), ("[1, 2]", "expected a JSON object"),
+             ("{oops", "not valid JSON"), ('{"turns": ["a", "b", "c"]}', "even number"),
+             ('{"prompt": "", "response": "x"}', "first prompt is empty"), ('{"prompt": 1, "response": "x"}', "strings")]
+    for bad, words in cases:
+        path = write_lines(tmp_path / "d.jsonl", ['{"prompt": "p", "response": "r"}', bad])
+        with pytest.raises(ValueError, match=f"line 2: .*{words}"):
+            read_jsonl(path)
+
+
+def test_sft_targets_are_the_responses_and_end_tokens():
+    """prompt + response + END: only the response tokens and the END token are targets, in every turn."""
+    tok = get_tokenizer("byte")
+    tokens, mask = encode_example(["ab", "cd", "e", "f"], tok)
+    assert tokens == [97, 98, 99, 100, tok.eot, 101, 102, tok.eot]
+    assert mask == [False, False, True, True, True, False, True, True]
+
+
+def test_collate_pads_right_and_takes_the_smallest_t_out():
+    """t_out is the smallest suffix that covers every example's output positions, for mixed lengths."""
+    tok = get_tokenizer("byte")
+    exs = [dict(zip(("tokens", "mask"), encode_example([p, r], tok))) for p, r in
+           [("abcdef", "xy"), ("abc", "x"), ("abcdefghij", "xyz")]]
+    x, y, t_out = collate(exs)
+    T = max(len(p) + len(r) for p, r in [("abcdef", "xy"), ("abc", "x"), ("abcdefghij", "xyz")])
+    assert x.shape == y.shape == (3, T)
+    # example 2: prompt of 3, so its first output position is column 2; t_out = T - 2
+    assert t_out == T - 2
+    assert y[1].tolist() == [IGNORE, IGNORE, ord("x"), tok.eot] + [IGNORE] * (T - 4)
+    assert (y[:, :T - t_out] == IGNORE).all()
+
+
+def test_overlong_examples_are_reported_and_dropped_or_truncated(tmp_path):
+    """Examples longer than the model's maximum are counted in the report; drop removes them,
+    truncate keeps their ends."""
+    path = write_lines(tmp_path / "d.jsonl", ['{"prompt": "0123456789", "response": "ab"}',
+                                             '{"prompt": "01", "response": "ab"}'])
+    tok = get_tokenizer("byte")
+    kept, report = load_examples(path, tok, max_len=8, overlong="drop")
+    assert len(kept) == 1 and "1 longer than 8 tokens were dropped" in report
+    kept, report = load_examples(path, tok, max_len=8, overlong="truncate")
+    assert len(kept) == 2 and "truncated" in report
+    assert len(kept[0]["tokens"]) == 9 and kept[0]["tokens"][-3:] == [97, 98, tok.eot]
+
+
+def test_recall_generator_is_deterministic_by_seed(tmp_path):
+    """The same seed writes the same files; another seed writes other ones."""
+    small = dict(n_train=5, n_short=5, n_val=3, n_test_per_bucket=2)
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        prepare_recall("tiny", tmp_path / name, seed=seed, **small)
+    for split in ("train", "train_short", "val", "test"):
+        a, b, c = ((tmp_path / n / f"{split}.jsonl").read_text() for n in "abc")
+        assert a == b and a != c
+
+
+def test_recall_distances_are_as_requested_and_the_answer_is_in_the_prompt():
+    """A generated query's key and value stand in the context exactly `distance` tokens before the query."""
+    rng = random.Random(0)
+    tok = get_tokenizer("byte")
+    for distance in (3, 10, 31, 32, 100, 250, 301):
+        ex = make_example(rng, 300, n_pairs=8, n_queries=3, n_keys=26, n_values=26, first_distance=distance)
+        assert ex["distances"][0] == distance
+        tokens, mask = encode_example(ex["turns"], tok)
+        text = "".join(chr(t) if t < 256 else "$" for t in tokens)
+        for j, d in enumerate(ex["distances"]):
+            q = 300 + 1 + 4 * j                   # the query key of turn j
+            key, value = text[q], text[q + 1]     # "?K" then the response "v"
+            assert text[q - 1] == "?" and text[q - d] == key and text[q - d + 1] == value
+            assert text[:300].count(key) == 1     # the key is unique in the context
+        assert mask[300 + 2] and not mask[300 + 1]  # the value is a target, the key is not
+
+
+def test_recall_test_split_covers_the_buckets(tmp_path):
+    """The test split has examples inside the window and 2x, 4x, 8x beyond it, each in its bucket."""
+    prepare_recall("tiny", tmp_path, n_train=2, n_short=2, n_val=2, n_test_per_bucket=20)
+    test = [json.loads(line) for line in open(tmp_path / "test.jsonl")]
+    assert sorted({ex["bucket"] for ex in test}) == sorted(["1-32", "32-64", "64-128", "128-256", "256-302"])
+    for ex in test:
+        lo, hi = map(int, ex["bucket"].split("-"))
+        assert lo <= ex["distances"][0] < hi

@@ -7,11 +7,16 @@ Train Orthros, or a baseline, on one GPU, on CPU, or on several GPUs with torchr
     python train.py --config small --scale_offset false   # the paper's "w/o SO" ablation
     python train.py --config small --init_from resume  # continue from out_dir/ckpt_last.pt
     torchrun --standalone --nproc_per_node=2 train.py --config small   # DistributedDataParallel
+    python train.py --config recall_tiny               # SFT on the recall task (2 CPU cores, minutes)
+    python train.py --task sft --dataset path/to/folder --init_from out/small-orthros/ckpt_best.pt
 
 Every field of TrainConfig below can be overridden with --key value (or --key=value); values
 are type-checked and unknown keys are errors. `python train.py --help` lists them all.
-Pre-training draws random windows of seq_len tokens from data/<dataset>/train.bin and
-trains every position (t_out = T).
+Pre-training (--task pretrain) draws random windows of seq_len tokens from
+data/<dataset>/train.bin and trains every position (t_out = T). SFT (--task sft) reads
+train.jsonl / val.jsonl (format: data/sft.py) from data/<dataset>/ or from a folder path,
+trains only the responses, and uses the smallest t_out that covers them; with a test.jsonl
+it ends with the exact-match accuracy of greedy generation through the KV cache.
 """
 
 import dataclasses
@@ -32,13 +37,21 @@ from tqdm import tqdm
 
 from checkpoint import load_checkpoint, save_checkpoint
 from data.prepare_utils import DATA_ROOT, ensure_prepared, load_meta
+from data.sft import collate, exact_match, load_examples, read_examples_dir
+from data.tokenizer import get_tokenizer
 from orthros import Orthros, OrthrosConfig
 
 
 @dataclass
 class TrainConfig:
     # data
-    dataset: str = "stdlib"        # a folder data/<dataset>/ with a prepare.py
+    task: str = "pretrain"         # pretrain | sft
+    dataset: str = "stdlib"        # data/<dataset>/ (prepared on demand), or a folder path (SFT)
+    tokenizer: str = ""            # "" = the dataset's (meta.json), else byte | gpt2
+    sft_overlong: str = "drop"     # SFT examples longer than seq_len: drop | truncate (the oldest tokens)
+    curriculum: str = ""           # SFT: a split (e.g. train_short) used for the first curriculum_frac of steps
+    curriculum_frac: float = 0.5
+    eval_exact_match: int = -1     # SFT: test examples to generate at the end (-1 = all, 0 = none)
     # model (see OrthrosConfig)
     attn: str = "orthros"          # orthros | transformer | swa
     scale_offset: bool = True      # false = the paper's "Orthros w/o SO" ablation
@@ -48,6 +61,7 @@ class TrainConfig:
     n_embd: int = 384
     dropout: float = 0.0
     conv_kernel: int = 0           # optional short convolution before K/V (not in the paper)
+    swa_impl: str = "auto"         # auto (flex on CUDA, else blocked) | flex | blocked | dense
     seq_len: int = 1024            # T, tokens per training sequence
     max_seq_len: int = 0           # longest sequence the model accepts; 0 = seq_len
     # optimization: AdamW, linear warmup then cosine decay to min_lr_ratio * lr
@@ -79,6 +93,14 @@ CONFIGS = {
                  max_iters=150, lr=3e-3, warmup_iters=10, eval_interval=50, eval_iters=5),
     # A few minutes on one GPU; also runs, slower, on CPU. Head dim 64, window 128 as in the paper.
     "small": dict(),
+    # The recall task (data/recall), SFT from scratch, window 128: minutes on one GPU.
+    "recall": dict(task="sft", dataset="recall", n_layer=2, n_head=4, n_embd=64, window=128, conv_kernel=3,
+                   seq_len=2200, batch_size=32, max_iters=2400, lr=3e-3, warmup_iters=50, eval_interval=400,
+                   eval_iters=5, curriculum="train_short", curriculum_frac=0.75, weight_decay=0.0),
+    # The same at window 32 (data/recall_tiny): a couple of minutes on 2 CPU cores.
+    "recall_tiny": dict(task="sft", dataset="recall_tiny", n_layer=2, n_head=4, n_embd=64, window=32, curriculum_frac=0.75,
+                        conv_kernel=3, seq_len=384, batch_size=32, max_iters=2400, lr=3e-3, warmup_iters=50,
+                        eval_interval=200, eval_iters=5, curriculum="train_short", weight_decay=0.0),
 }
 
 # Fields that define the weights' shapes: a checkpoint's values win over the command line.
@@ -164,8 +186,45 @@ class PretrainBatches:
         return x.to(self.device), y.to(self.device), T
 
 
+class SFTBatches:
+    """Random batches of SFT examples (data/sft.py), right-padded, with the smallest t_out."""
+
+    def __init__(self, data_dir, cfg, tokenizer, device, log=print):
+        splits = read_examples_dir(data_dir)
+        for needed in ("train", "val") + ((cfg.curriculum,) if cfg.curriculum else ()):
+            if needed not in splits:
+                sys.exit(f"error: {data_dir} has no {needed}.jsonl (SFT needs train.jsonl and val.jsonl)")
+        self.examples = {}
+        for name, path in splits.items():
+            try:
+                self.examples[name], report = load_examples(path, tokenizer, cfg.seq_len, cfg.sft_overlong)
+            except ValueError as e:
+                sys.exit(f"error: {e}")
+            log(report)
+        self.device = device
+
+    def get(self, split, batch_size, generator):
+        pool = self.examples[split]
+        ix = torch.randint(len(pool), (batch_size,), generator=generator).tolist()
+        x, y, t_out = collate([pool[i] for i in ix])
+        return x.to(self.device), y.to(self.device), t_out
+
+
 # -----------------------------------------------------------------------------
 # Training
+
+def generate_greedy(model, device, ctx):
+    """A function (prompts, n) -> continuations for data.sft.exact_match: greedy, KV cache."""
+    @torch.no_grad()
+    def generate(prompts, n_new):
+        model.eval()
+        idx = torch.tensor(prompts, device=device)
+        with ctx:
+            out = model.generate(idx, n_new, temperature=0)
+        model.train()
+        return out[:, idx.size(1):].tolist()
+    return generate
+
 
 def lr_at(step, cfg):
     """Linear warmup, then cosine decay from lr to min_lr_ratio * lr at max_iters."""
@@ -253,29 +312,46 @@ def main(argv=None):
     torch.manual_seed(cfg.seed)
     ctx, precision = autocast_context(cfg, device_type)
 
-    data_dir = ensure_prepared(cfg.dataset) if master else DATA_ROOT / cfg.dataset
+    if cfg.task not in ("pretrain", "sft"):
+        sys.exit(f"error: --task must be pretrain or sft, got {cfg.task!r}")
+    if Path(cfg.dataset).is_dir():  # a folder of the user's own (SFT JSONL)
+        data_dir = Path(cfg.dataset)
+    else:
+        try:
+            data_dir = ensure_prepared(cfg.dataset) if master else DATA_ROOT / cfg.dataset
+        except ValueError as e:
+            sys.exit(f"error: {e}")
     if ddp:
         dist.barrier()  # rank 0 prepares the data once; the others wait for it
-    meta = load_meta(data_dir)
-    batches = PretrainBatches(data_dir, cfg.seq_len, device)
+    meta = load_meta(data_dir) if (data_dir / "meta.json").exists() else {}
 
     # ---- the model: from scratch, resumed, or initialised from another checkpoint
     out_dir = Path(cfg.out_dir)
-    model_args = dict(vocab_size=meta["vocab_size"], n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
-                      window=cfg.window, attn=cfg.attn, scale_offset=cfg.scale_offset, dropout=cfg.dropout,
-                      conv_kernel=cfg.conv_kernel, max_seq_len=cfg.max_seq_len or cfg.seq_len)
     ckpt, start_step, best_val = None, 0, float("inf")
     if cfg.init_from == "resume":
         ckpt = load_checkpoint(out_dir / "ckpt_last.pt")
-        model_args = ckpt["model_config"]  # resume the very same model
     elif cfg.init_from != "scratch":
         ckpt = load_checkpoint(cfg.init_from)
+    # The tokenizer: asked for, else the dataset's, else the checkpoint's, else bytes. They must agree.
+    tokenizer_name = cfg.tokenizer or meta.get("tokenizer") or (ckpt or {}).get("tokenizer") or "byte"
+    for source, name in (("the dataset", meta.get("tokenizer")), ("the checkpoint", (ckpt or {}).get("tokenizer"))):
+        if name and name != tokenizer_name:
+            sys.exit(f"error: {source} uses the {name!r} tokenizer but this run uses {tokenizer_name!r}; "
+                     "a model only understands the tokenizer it was trained with")
+    tokenizer = get_tokenizer(tokenizer_name)
+    if cfg.task == "pretrain":
+        batches = PretrainBatches(data_dir, cfg.seq_len, device)
+    else:
+        batches = SFTBatches(data_dir, cfg, tokenizer, device, log=print if master else lambda *a: None)
+    model_args = dict(vocab_size=tokenizer.vocab_size, n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
+                      window=cfg.window, attn=cfg.attn, scale_offset=cfg.scale_offset, dropout=cfg.dropout,
+                      conv_kernel=cfg.conv_kernel, swa_impl=cfg.swa_impl, max_seq_len=cfg.max_seq_len or cfg.seq_len)
+    if cfg.init_from == "resume":
+        model_args = ckpt["model_config"]  # resume the very same model
+    elif ckpt is not None:
         # Shapes come from the checkpoint; attn, window, scale_offset from this run. Loading a
         # transformer into attn=orthros is the paper's conversion (scale-offsets start at identity).
         model_args.update({k: ckpt["model_config"][k] for k in SHAPE_FIELDS})
-    if ckpt is not None and ckpt.get("tokenizer") != meta["tokenizer"]:
-        sys.exit(f"error: the checkpoint was trained with the {ckpt.get('tokenizer')!r} tokenizer but dataset "
-                 f"{cfg.dataset!r} uses {meta['tokenizer']!r}; pick a dataset with the same tokenizer")
     model = Orthros(OrthrosConfig(**model_args)).to(device)
     optimizer = make_optimizer(model, cfg, device_type)
     train_gen = torch.Generator().manual_seed(cfg.seed)  # draws the training batches
@@ -289,7 +365,7 @@ def main(argv=None):
     if master:
         print(f"config {config_name}: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()))
         print(f"model: {model.num_params() / 1e6:.2f}M parameters, {model.config}")
-        print(f"device {device} ({precision}), world size {world}, data {data_dir} ({meta['tokenizer']} tokenizer)")
+        print(f"device {device} ({precision}), world size {world}, data {data_dir} ({tokenizer_name} tokenizer)")
         if ckpt is not None:
             print(f"initialised from {cfg.init_from}" + (f" at step {start_step}" if start_step else ""))
 
@@ -306,7 +382,7 @@ def main(argv=None):
         save_checkpoint(path, model=raw_model.state_dict(), optimizer=optimizer.state_dict(), step=step,
                         best_val_loss=best_val, model_config=dataclasses.asdict(raw_model.config),
                         train_config=dataclasses.asdict(cfg), config_name=config_name,
-                        tokenizer=meta["tokenizer"], dataset=cfg.dataset, rng=rng_state(train_gen, device_type))
+                        tokenizer=tokenizer_name, dataset=cfg.dataset, rng=rng_state(train_gen, device_type))
 
     log_file = None
     if master:
@@ -331,19 +407,22 @@ def main(argv=None):
 
     if master and start_step == 0:
         evaluate(0)
-    tokens_per_step = cfg.batch_size * cfg.grad_accum * world * cfg.seq_len
     pbar = tqdm(total=cfg.max_iters, initial=start_step, disable=not master, unit="step", dynamic_ncols=True)
     t_last = time.time()
     for step in range(start_step, cfg.max_iters):
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
+        split = cfg.curriculum if cfg.curriculum and step < cfg.curriculum_frac * cfg.max_iters else "train"
         loss_sum = torch.zeros((), device=device)
+        n_tokens, out_share = 0, 0.0
         for micro in range(cfg.grad_accum):
             # Every rank draws the same global batch and keeps its own slice, so the result does
             # not depend on how many processes share the work.
-            x, y, t_out = batches.get("train", cfg.batch_size * world, train_gen)
+            x, y, t_out = batches.get(split, cfg.batch_size * world, train_gen)
             x, y = x[rank * cfg.batch_size:(rank + 1) * cfg.batch_size], y[rank * cfg.batch_size:(rank + 1) * cfg.batch_size]
+            n_tokens += x.numel() * world
+            out_share += t_out / x.size(1) / cfg.grad_accum  # 1.0 in pre-training; SFT runs T + t_out, not 2T
             sync = not ddp or micro == cfg.grad_accum - 1
             with ctx, (nullcontext() if sync else model.no_sync()):
                 _, loss = model(x, y, t_out=t_out)
@@ -365,15 +444,35 @@ def main(argv=None):
         optimizer.zero_grad(set_to_none=True)
 
         now = time.time()
-        tok_per_s = tokens_per_step / (now - t_last)
+        tok_per_s = n_tokens / (now - t_last)
         t_last = now
-        log({"step": step + 1, "loss": train_loss, "lr": lr, "grad_norm": grad_norm, "tok_per_s": tok_per_s})
+        log({"step": step + 1, "loss": train_loss, "lr": lr, "grad_norm": grad_norm, "tok_per_s": tok_per_s,
+             "t_out_share": out_share})
         pbar.update(1)
-        pbar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{tok_per_s:,.0f}")
+        postfix = dict(loss=f"{train_loss:.4f}", tok_s=f"{tok_per_s:,.0f}")
+        if cfg.task == "sft":
+            postfix["t_out/T"] = f"{out_share:.2f}"
+        pbar.set_postfix(**postfix)
         if master and ((step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.max_iters):
             evaluate(step + 1)
     pbar.close()
     if master:
+        if cfg.task == "sft":
+            shares = [json.loads(line).get("t_out_share") for line in open(out_dir / "log.jsonl")]
+            shares = [s for s in shares if s is not None]
+            if shares:
+                mean = sum(shares) / len(shares)
+                print(f"SFT: the output stream covered {mean:.1%} of the positions on average: the T_in/T_out "
+                      f"split saved {1 - mean:.1%} of the output-token work against t_out = T")
+        if cfg.task == "sft" and cfg.eval_exact_match and "test" in batches.examples:
+            examples = batches.examples["test"]
+            examples = examples if cfg.eval_exact_match < 0 else examples[:cfg.eval_exact_match]
+            scores = exact_match(examples, generate_greedy(raw_model, device, ctx))
+            log({"step": cfg.max_iters, "exact_match": scores})
+            (out_dir / "exact_match.json").write_text(json.dumps(scores, indent=2) + "\n")
+            print("exact-match accuracy of greedy generation (KV cache) on test.jsonl, by distance bucket:")
+            for bucket, r in scores.items():
+                print(f"  {bucket:>12}: {r['accuracy']:.3f}  ({r['n']} examples)")
         log_file.close()
         print(f"done: best val loss {best_val:.4f}; checkpoints in {out_dir}/")
     if ddp:

@@ -18,7 +18,6 @@ import numpy as np
 from tqdm import tqdm
 
 DATA_ROOT = Path(__file__).resolve().parent
-OUTPUT_FILES = ("train.bin", "val.bin", "meta.json")
 
 
 def tokenize(docs, tokenizer, append_eot=True, desc="tokenizing"):
@@ -44,8 +43,7 @@ def write_dataset(out_dir, tokenizer, train_docs, val_docs, source, append_eot=T
         meta[f"{split}_tokens"] = len(ids)
         meta[f"{split}_docs"] = len(docs)
     meta.update(extra_meta)
-    # meta.json goes last: if it exists, the bins beside it are complete.
-    _write_atomic(out_dir / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
+    write_json_atomic(out_dir / "meta.json", meta)  # last: if it exists, the bins beside it are complete
     print(f"wrote {out_dir}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens")
     return meta
 
@@ -56,6 +54,10 @@ def _write_atomic(path, data):
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def write_json_atomic(path, obj):
+    _write_atomic(Path(path), (json.dumps(obj, indent=2) + "\n").encode())
 
 
 def load_meta(data_dir):
@@ -74,7 +76,7 @@ def ensure_prepared(name):
         raise ValueError(f"unknown dataset {name!r}; choose one of {available_datasets()} "
                          "(each is a folder data/<name>/ with a prepare.py)")
     data_dir = DATA_ROOT / name
-    if not all((data_dir / f).exists() for f in OUTPUT_FILES):
+    if not (data_dir / "meta.json").exists():  # every prepare() writes meta.json last
         print(f"{data_dir} is not prepared yet; running data/{name}/prepare.py")
         importlib.import_module(f"data.{name}.prepare").prepare()
     return data_dir

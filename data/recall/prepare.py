@@ -1,0 +1,142 @@
+"""The associative-recall task: key-value pairs hidden in filler, then queries for their values.
+
+    python data/recall/prepare.py                      # window 128 (the `recall` config)
+    python data/recall/prepare.py --preset tiny        # window 32, CPU-sized (`recall_tiny`)
+    python data/recall/prepare.py --context_len 4000 --test_edges 0,128,256,512,1024,2048,3968
+
+One example, as SFT turns (byte tokenizer: one character = one token):
+
+    prompt 1:   4.7;Qk,9:3.;8Hb!;..(filler with n_pairs "Kv" pairs)..;;?Q      response 1:  k
+    prompt 2:   ?H                                                          response 2:  b
+    ...
+
+Keys are capital letters, values lower-case letters, the filler digits and punctuation, so the
+only way to answer "?Q" is to find "Q" in the context and copy the letter after it. The
+distance of a query is (position of the queried key in the query) - (position of that key in the
+context), in tokens. Training examples scatter the pairs over the whole context and query them
+all (multi-turn); the test split has one query per example, its distance drawn inside one of
+the buckets given by --test_edges (by default: inside the window w, then w-2w, 2w-4w, 4w-8w,
+8w-16w, as far as the context reaches).
+Everything is deterministic given --seed.
+"""
+
+import argparse
+import json
+import random
+import string
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # run as a script: make `import data` work from the repo root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from data.prepare_utils import write_json_atomic
+from data.tokenizer import get_tokenizer
+
+KEYS, VALUES = string.ascii_uppercase, string.ascii_lowercase
+FILLER = string.digits + ".,;:!()"
+QUERY = "?"
+
+PRESETS = {
+    # window 128: distances up to 2048+ (16 windows); the `recall` config (one GPU, minutes).
+    # The short warm-up split packs the pairs and keeps every query inside the window.
+    "default": dict(window=128, context_len=2100, short_context_len=16, n_pairs=8, n_queries=8, n_short_queries=8,
+                    n_keys=26, n_values=26, n_train=6000, n_short=20000, n_val=200, n_test_per_bucket=100),
+    # window 32: the same task at a quarter of the scale; the `recall_tiny` config (2 CPU cores)
+    "tiny": dict(window=32, context_len=300, short_context_len=16, n_pairs=8, n_queries=8, n_short_queries=4,
+                 n_keys=26, n_values=26, n_train=20000, n_short=10000, n_val=200, n_test_per_bucket=100),
+}
+
+
+def scatter(rng, length, n):
+    """Random starts of n non-overlapping 2-token pairs in a span of `length` tokens (stars and bars)."""
+    assert 2 * n <= length, f"{n} pairs do not fit in {length} tokens"
+    gaps = sorted(rng.choices(range(length - 2 * n + 1), k=n))  # filler before each pair, cumulated
+    return [g + 2 * i for i, g in enumerate(gaps)]
+
+
+def make_example(rng, context_len, n_pairs, n_queries, n_keys, n_values, first_distance=None):
+    """One example: a context of context_len tokens holding n_pairs "Kv" pairs, then n_queries
+    queries. With first_distance, the first query's pair is placed exactly that far back."""
+    keys = rng.sample(KEYS[:n_keys], n_pairs)
+    values = [rng.choice(VALUES[:n_values]) for _ in keys]
+    context = [rng.choice(FILLER) for _ in range(context_len)]
+    # The query key of turn j sits at context_len + 1 + 4j: each earlier turn adds "?K", v, END.
+    query_pos = lambda j: context_len + 1 + 4 * j
+    if first_distance is None:
+        starts = scatter(rng, context_len, n_pairs)
+    else:  # pair 0 at the asked distance; the others scattered before and after it
+        start = query_pos(0) - first_distance
+        assert 0 <= start <= context_len - 2, f"distance {first_distance} does not fit the context"
+        right = context_len - start - 2
+        n_left = rng.choice([k for k in range(n_pairs) if 2 * k <= start and 2 * (n_pairs - 1 - k) <= right])
+        starts = [start] + scatter(rng, start, n_left) + [start + 2 + s for s in scatter(rng, right, n_pairs - 1 - n_left)]
+    for i, start in enumerate(starts):
+        context[start], context[start + 1] = keys[i], values[i]
+    order = [0] + rng.sample(range(1, n_pairs), n_queries - 1) if first_distance is not None \
+        else rng.sample(range(n_pairs), n_queries)
+    turns = ["".join(context) + QUERY + keys[order[0]], values[order[0]]]
+    for i in order[1:]:
+        turns += [QUERY + keys[i], values[i]]
+    distances = [query_pos(j) - starts[i] for j, i in enumerate(order)]
+    return {"turns": turns, "distances": distances}
+
+
+def bucket_name(distance, edges):
+    for lo, hi in zip(edges, edges[1:]):
+        if lo <= distance < hi:
+            return f"{lo}-{hi}"
+    return f">={edges[-1]}"
+
+
+def prepare(preset="default", out_dir=None, seed=1337, **overrides):
+    """Write train.jsonl, train_short.jsonl (short, near-only: the warm-up), val.jsonl, test.jsonl
+    and meta.json to out_dir."""
+    p = {**PRESETS[preset], **overrides}
+    w = p["window"]
+    edges = p.get("test_edges") or [1, w, 2 * w, 4 * w, 8 * w, 16 * w]
+    edges = [e for e in edges if e <= p["context_len"] + 1] or [1]
+    if edges[-1] < p["context_len"] + 1:  # the last bucket reaches the start of the context
+        edges.append(p["context_len"] + 2)
+    out_dir = Path(out_dir or Path(__file__).resolve().parent)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    shape = dict(n_pairs=p["n_pairs"], n_keys=p["n_keys"], n_values=p["n_values"])
+    splits = {
+        "train": [make_example(rng, p["context_len"], n_queries=p["n_queries"], **shape) for _ in range(p["n_train"])],
+        "train_short": [make_example(rng, p["short_context_len"], n_queries=p["n_short_queries"], **shape)
+                        for _ in range(p["n_short"])],
+        "val": [make_example(rng, p["context_len"], n_queries=p["n_queries"], **shape) for _ in range(p["n_val"])],
+    }
+    test = []
+    for lo, hi in zip(edges, edges[1:]):
+        for _ in range(p["n_test_per_bucket"]):
+            d = rng.randrange(max(lo, 3), min(hi, p["context_len"] + 2))  # a pair needs 2 tokens
+            ex = make_example(rng, p["context_len"], n_queries=1, first_distance=d, **shape)
+            test.append({**ex, "bucket": bucket_name(d, edges)})
+    splits["test"] = test
+    for name, examples in splits.items():
+        text = "".join(json.dumps(ex) + "\n" for ex in examples)
+        (out_dir / f"{name}.jsonl").write_text(text)
+    tok = get_tokenizer("byte")
+    meta = {"tokenizer": tok.name, "vocab_size": tok.vocab_size, "task": "sft", "seed": seed,
+            "source": "synthetic associative recall (data/recall/prepare.py)", "preset": preset,
+            "params": p, "test_edges": edges,
+            **{f"{name}_examples": len(ex) for name, ex in splits.items()}}
+    write_json_atomic(out_dir / "meta.json", meta)  # last: its presence means the split files are whole
+    print(f"wrote {out_dir}: " + ", ".join(f"{len(ex)} {name}" for name, ex in splits.items()))
+    return meta
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="default", choices=list(PRESETS))
+    parser.add_argument("--out_dir", help="default: this folder (data/recall/)")
+    parser.add_argument("--seed", type=int, default=1337)
+    for key, value in PRESETS["default"].items():
+        parser.add_argument(f"--{key}", type=int, help=f"default {value} (preset 'tiny': {PRESETS['tiny'][key]})")
+    parser.add_argument("--test_edges", help="comma-separated bucket edges for the test distances")
+    args = vars(parser.parse_args())
+    if args["test_edges"]:
+        args["test_edges"] = [int(e) for e in args["test_edges"].split(",")]
+    overrides = {k: v for k, v in args.items() if k not in ("preset", "out_dir", "seed") and v is not None}
+    prepare(args["preset"], args["out_dir"], args["seed"], **overrides)

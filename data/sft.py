@@ -1,0 +1,154 @@
+"""SFT data: JSONL conversations, tokenized with a loss mask, and batched with the smallest t_out.
+
+The format, one JSON object per line:
+
+    {"prompt": "What is 2+2?", "response": "4"}
+    {"turns": ["first prompt", "first response", "second prompt", "second response"]}
+
+Other keys are kept as metadata (the recall task stores "distance" and "bucket" there). An
+example becomes the tokens  prompt + response + END  (END = the tokenizer's end token; with
+turns, every response is followed by END). The loss covers only the response tokens and their
+END tokens: the prompt is pure context.
+
+In the model's terms (METHOD.md, "SFT"): for prompt P (p tokens) and response R (r tokens) the
+input is P + R and the output positions are the last prompt token and every response token,
+t_out = r + 1. A batch is right-padded to its longest example, and t_out is the smallest
+suffix of columns that covers every example's output positions.
+"""
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+IGNORE = -1  # the one ignore value for targets, everywhere (orthros.py's loss uses it too)
+
+
+def read_jsonl(path):
+    """Read and validate an SFT JSONL file; a bad line is an error that names it."""
+    examples = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {n}"
+            try:
+                ex = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+            if not isinstance(ex, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(ex).__name__}")
+            if "turns" in ex:
+                turns = ex["turns"]
+                if not isinstance(turns, list) or len(turns) < 2 or len(turns) % 2:
+                    raise ValueError(f"{where}: 'turns' must be a list of prompt, response, prompt, "
+                                     "response, ... (an even number, at least 2)")
+            elif "prompt" in ex and "response" in ex:
+                turns = [ex["prompt"], ex["response"]]
+            else:
+                raise ValueError(f"{where}: needs 'prompt' and 'response', or 'turns'")
+            if not all(isinstance(t, str) for t in turns):
+                raise ValueError(f"{where}: prompts and responses must be strings")
+            if not turns[0]:
+                raise ValueError(f"{where}: the first prompt is empty; the model needs at least one "
+                                 "token to predict the response from")
+            examples.append({**{k: v for k, v in ex.items() if k not in ("prompt", "response")},
+                             "turns": turns})
+    if not examples:
+        raise ValueError(f"{path} holds no examples")
+    return examples
+
+
+def encode_example(turns, tokenizer):
+    """tokens and a same-length train mask: True where the token is a target (responses and END)."""
+    tokens, mask = [], []
+    for i, text in enumerate(turns):
+        ids = tokenizer.encode(text)
+        is_response = i % 2 == 1
+        if is_response:
+            ids = ids + [tokenizer.eot]
+        tokens += ids
+        mask += [is_response] * len(ids)
+    return tokens, mask
+
+
+def fit_length(tokens, mask, max_len, overlong):
+    """Make an example fit max_len input tokens (max_len + 1 tokens with the last target).
+    overlong="truncate" drops the oldest tokens (the start of the context); "drop" gives None."""
+    if len(tokens) - 1 <= max_len:
+        return tokens, mask
+    if overlong == "drop":
+        return None
+    tokens, mask = tokens[-(max_len + 1):], mask[-(max_len + 1):]
+    return (tokens, mask) if any(mask[1:]) else None  # nothing left to learn from: drop it
+
+
+def load_examples(path, tokenizer, max_len, overlong="drop"):
+    """Read, tokenize and length-check a JSONL file. Returns (examples, report): each example is
+    a dict with "tokens", "mask" and its metadata; the report says how many were too long."""
+    if overlong not in ("drop", "truncate"):
+        raise ValueError(f"overlong must be 'drop' or 'truncate', got {overlong!r}")
+    examples, too_long = [], 0
+    for ex in read_jsonl(path):
+        tokens, mask = encode_example(ex["turns"], tokenizer)
+        fitted = fit_length(tokens, mask, max_len, overlong)
+        too_long += len(tokens) - 1 > max_len
+        if fitted is not None:
+            examples.append({**ex, "tokens": fitted[0], "mask": fitted[1]})
+    report = (f"{path}: {len(examples)} examples" + (f"; {too_long} longer than {max_len} tokens were "
+              f"{'dropped' if overlong == 'drop' else 'truncated from the left'}" if too_long else ""))
+    if not examples:
+        raise ValueError(f"{report}: none left; raise seq_len or use --sft_overlong truncate")
+    return examples, report
+
+
+def collate(examples, pad_id=0):
+    """Right-pad a batch. Returns x, y: (B, T) with y = next token or IGNORE, and t_out, the
+    smallest suffix of columns holding every target (1 when nothing is trained)."""
+    T = max(len(ex["tokens"]) - 1 for ex in examples)
+    x = torch.full((len(examples), T), pad_id, dtype=torch.long)
+    y = torch.full((len(examples), T), IGNORE, dtype=torch.long)
+    for i, ex in enumerate(examples):
+        tokens = torch.tensor(ex["tokens"])
+        n = len(tokens) - 1
+        x[i, :n] = tokens[:-1]
+        y[i, :n] = torch.where(torch.tensor(ex["mask"][1:]), tokens[1:], IGNORE)
+    # Padding sits to the right of every real token, so causal attention never lets it reach
+    # an example's own positions.
+    has_target = (y != IGNORE).any(dim=0)
+    first = int(has_target.nonzero()[0]) if has_target.any() else T - 1
+    return x, y, T - first
+
+
+def exact_match(examples, generate, batch_size=64):
+    """Exact-match accuracy of generated answers, per example "bucket" (else "all").
+
+    The answer is each example's last response with its END token; the prompt is everything
+    before it. generate(prompts, n) continues a batch of equal-length prompts (lists of ids) by
+    n tokens and returns the continuations: train.py passes greedy decoding through the KV cache.
+    """
+    groups = defaultdict(list)  # equal prompt and answer lengths can share a batch
+    for ex in examples:
+        mask = ex["mask"]
+        start = len(mask) - mask[::-1].index(False)  # the last response: the trailing run of targets
+        groups[start, len(mask) - start].append(ex)
+    hits = defaultdict(list)
+    for (start, n_answer), group in groups.items():
+        for i in range(0, len(group), batch_size):
+            batch = group[i:i + batch_size]
+            answers = generate([ex["tokens"][:start] for ex in batch], n_answer)
+            for ex, answer in zip(batch, answers):
+                hits[ex.get("bucket", "all")].append(list(answer) == ex["tokens"][start:])
+    return {b: {"n": len(h), "accuracy": sum(h) / len(h)} for b, h in sorted(hits.items(), key=_bucket_order)}
+
+
+def _bucket_order(item):
+    """Buckets named "lo-hi" sort by their lower edge, numerically; others after, by name."""
+    lo = item[0].split("-")[0]
+    return (0, int(lo), "") if lo.isdigit() else (1, 0, item[0])
+
+
+def read_examples_dir(data_dir):
+    """The JSONL splits found in an SFT dataset folder: {split name: path}."""
+    return {p.stem: p for p in sorted(Path(data_dir).glob("*.jsonl"))}
