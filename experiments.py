@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from checkpoint import load_checkpoint, model_from_checkpoint
+from data.prepare_utils import ensure_prepared
 from data.recall.prepare import make_example
 from data.sft import encode_example, exact_match
 from data.tokenizer import get_tokenizer
@@ -91,6 +92,7 @@ def save(name, obj):
 
 def step_lm(scale):
     """Equal tokens for the four models on the default corpus; the val-loss curves."""
+    ensure_prepared("stdlib")  # once, before the concurrent runs would each try
     cmds = train_cmds(LM_MODELS, "lm", scale["lm"])
     launch(cmds)
     curves = {name: read_log(cmd[-1]) for name, cmd in cmds.items()}
@@ -101,6 +103,7 @@ def step_lm(scale):
 
 def step_recall(scale):
     """Recall by distance for the three models (window 128); then a NIAH grid for Orthros."""
+    ensure_prepared("recall" if "recall" in scale["recall"] else "recall_tiny")
     cmds = train_cmds({a: ["--attn", a] for a in RECALL_MODELS}, "recall", scale["recall"])
     launch(cmds)
     accuracy = {a: json.loads((Path(cmd[-1]) / "exact_match.json").read_text()) for a, cmd in cmds.items()}
