@@ -170,7 +170,8 @@ def sliding_window_block_mask(T, window, device, block_size=128):
     def mask_mod(b, h, q_idx, kv_idx):
         return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
     return BlockMask.from_kv_blocks(kv_num_blocks[None, None], kv_indices[None, None], BLOCK_SIZE=block_size,
-                                    mask_mod=mask_mod, seq_lengths=(T, T))
+                                    mask_mod=mask_mod, seq_lengths=(T, T),
+                                    compute_q_blocks=torch.is_grad_enabled())  # the q-side index: backward only
 
 
 _compiled_flex_attention = None
@@ -198,10 +199,10 @@ def causal_attention(q, k, v, window=None, swa_impl="blocked", dropout_p=0.0, sw
     Tq, Tk = q.size(-2), k.size(-2)
     if Tq == 1:
         # The newest position sees every key, or the last w of them: no mask at all.
-        # NOTE: q may be a strided slice of both streams' queries; a contiguous copy (tiny)
-        # keeps SDPA on its fused kernels instead of a slow fallback that copies the cache.
+        # NOTE: q (a slice of both streams' queries) and the window of keys are strided views;
+        # contiguous copies (tiny) keep SDPA on its fused kernels instead of a slow fallback.
         if window is not None:
-            k, v = k[:, :, -window:], v[:, :, -window:]
+            k, v = k[:, :, -window:].contiguous(), v[:, :, -window:].contiguous()
         return sdpa(q.contiguous(), k, v, dropout_p=dropout_p)
     if window is None or window >= Tk:
         if Tq == Tk:  # square: is_causal is right, and lets SDPA use its fastest kernels
