@@ -38,8 +38,8 @@ LM_MODELS = {"transformer": ["--attn", "transformer"], "swa": ["--attn", "swa"],
 RECALL_MODELS = ("transformer", "swa", "orthros")
 # How long each run is: "gpu" is sized for minutes on one H200, "tiny" for a CPU smoke test.
 SCALES = {
-    "gpu": dict(lm=["--config", "small"], recall=["--config", "recall"], cont_frac=0.25,
-                niah_lens=[256, 512, 1024, 2048], niah_n=40, prompt_lens=[16384, 65536], new_tokens=128),
+    "gpu": dict(lm=["--config", "small", "--max_iters", "1500"], recall=["--config", "recall"], cont_frac=0.25,
+                niah_lens=[256, 512, 1024, 2048], niah_n=40, prompt_lens=[32768], new_tokens=128),
     "tiny": dict(lm=["--config", "tiny", "--max_iters", "60", "--eval_interval", "30"],
                  recall=["--config", "recall_tiny", "--max_iters", "60", "--eval_interval", "30",
                          "--eval_exact_match", "40"],
