@@ -2,11 +2,13 @@
 Reproduce the paper's claims at classroom scale, with our own train.py and sample.py.
 
     python experiments.py lm           # LM quality: transformer, swa, orthros, orthros w/o SO (Table 1, Fig. 2)
-    python experiments.py recall       # recall by distance (Table 3) and a needle-in-a-haystack grid
+    python experiments.py recall       # recall by distance (Table 3)
+    python experiments.py niah         # needle-in-a-haystack grid for the recall step's Orthros model
     python experiments.py conversion   # transformer -> orthros vs. continued transformer (Table 2)
     python experiments.py inference    # time to first token and decode speed of the LM models (Table 4)
     python experiments.py plots        # PNGs from the JSONs (needs matplotlib)
-    python experiments.py all --scale tiny   # every step at CPU scale: a smoke test, minutes
+    python experiments.py recall niah --scale cpu   # the recall_tiny version (window 32), CPU minutes
+    python experiments.py all --scale tiny          # every step, tiny: a smoke test
 
 Each step runs the same commands a user would (python train.py ..., python sample.py ...),
 several at once on one GPU, reads what they wrote, and saves results/<step>.json with the GPU,
@@ -40,6 +42,9 @@ RECALL_MODELS = ("transformer", "swa", "orthros")
 SCALES = {
     "gpu": dict(lm=["--config", "small", "--max_iters", "1500"], recall=["--config", "recall"], cont_frac=0.25,
                 niah_lens=[256, 512, 1024, 2048], niah_n=40, prompt_lens=[32768], new_tokens=128),
+    # CPU scale, for the recall and NIAH results when no GPU time is left: recall_tiny (window 32)
+    "cpu": dict(lm=["--config", "tiny"], recall=["--config", "recall_tiny"], cont_frac=0.25,
+                niah_lens=[64, 128, 192, 256, 300], niah_n=40, prompt_lens=[4096], new_tokens=64),
     "tiny": dict(lm=["--config", "tiny", "--max_iters", "60", "--eval_interval", "30"],
                  recall=["--config", "recall_tiny", "--max_iters", "60", "--eval_interval", "30",
                          "--eval_exact_match", "40"],
@@ -81,10 +86,12 @@ def meta(commands):
             "torch": torch.__version__, "commands": [" ".join(c) for c in commands]}
 
 
-def save(name, obj):
+def save(name, obj, scale):
+    """results/<name>.json at GPU scale, results/<name>_<scale>.json otherwise."""
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(obj, indent=1) + "\n")
-    print(f"wrote {RESULTS / name}.json", flush=True)
+    path = RESULTS / (f"{name}.json" if scale["name"] == "gpu" else f"{name}_{scale['name']}.json")
+    path.write_text(json.dumps(obj, indent=1) + "\n")
+    print(f"wrote {path}", flush=True)
 
 
 # -----------------------------------------------------------------------------
@@ -98,23 +105,25 @@ def step_lm(scale):
     curves = {name: read_log(cmd[-1]) for name, cmd in cmds.items()}
     final = {name: {"final_val_loss": c["val"][-1][1], "best_val_loss": min(v for _, v in c["val"])}
              for name, c in curves.items()}
-    save("lm", {"meta": meta(cmds.values()), "final": final, "curves": curves})
+    save("lm", {"meta": meta(cmds.values()), "final": final, "curves": curves}, scale)
 
 
 def step_recall(scale):
-    """Recall by distance for the three models (window 128); then a NIAH grid for Orthros."""
+    """Recall by distance for the three models (window 128 at GPU scale)."""
     ensure_prepared("recall" if "recall" in scale["recall"] else "recall_tiny")
     cmds = train_cmds({a: ["--attn", a] for a in RECALL_MODELS}, "recall", scale["recall"])
     launch(cmds)
     accuracy = {a: json.loads((Path(cmd[-1]) / "exact_match.json").read_text()) for a, cmd in cmds.items()}
-    ckpt = load_checkpoint(Path(cmds["orthros"][-1]) / "ckpt_last.pt")
-    save("recall", {"meta": meta(cmds.values()), "accuracy": accuracy,
-                    "niah": niah_grid(ckpt, scale["niah_lens"], scale["niah_n"])})
+    window = load_checkpoint(Path(cmds["orthros"][-1]) / "ckpt_last.pt")["model_config"]["window"]
+    save("recall", {"meta": meta(cmds.values()), "window": window, "accuracy": accuracy}, scale)
 
 
-def niah_grid(ckpt, context_lens, n_per_cell, depths=(0.0, 0.25, 0.5, 0.75, 1.0)):
-    """Exact-match accuracy for one needle (a single queried pair) at each context length and
-    depth (0 = the start of the context, 1 = just before the query)."""
+def step_niah(scale, depths=(0.0, 0.25, 0.5, 0.75, 1.0)):
+    """A needle-in-a-haystack grid for the recall step's Orthros model: exact-match accuracy for
+    one queried pair at each context length and depth (0 = the start of the context, 1 = just
+    before the query)."""
+    ckpt = load_checkpoint("out/exp-recall-orthros/ckpt_last.pt")
+    context_lens, n_per_cell = scale["niah_lens"], scale["niah_n"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model_from_checkpoint(ckpt, max_seq_len=max(context_lens) + 8).to(device).eval()
     tok, rng = get_tokenizer(ckpt["tokenizer"]), random.Random(0)
@@ -133,8 +142,9 @@ def niah_grid(ckpt, context_lens, n_per_cell, depths=(0.0, 0.25, 0.5, 0.75, 1.0)
         idx = torch.tensor(prompts, device=device)
         return model.generate(idx, n, temperature=0)[:, idx.size(1):].tolist()
     scores = exact_match(examples, generate)
-    return {"context_lens": list(context_lens), "depths": list(depths),
-            "accuracy": [[scores[f"{L}:{d}"]["accuracy"] for d in depths] for L in context_lens]}
+    save("niah", {"meta": meta([]), "window": ckpt["model_config"]["window"], "trained_context": ckpt["train_config"]["seq_len"],
+                  "n_per_cell": n_per_cell, "context_lens": list(context_lens), "depths": list(depths),
+                  "accuracy": [[scores[f"{L}:{d}"]["accuracy"] for d in depths] for L in context_lens]}, scale)
 
 
 def step_conversion(scale):
@@ -163,7 +173,7 @@ def step_conversion(scale):
             rows[name] = row
         rows["base_transformer"] = {"val_loss_after": read_log(base.parent)["val"][-1][1], "steps": n_steps}
         out[task] = {"N": n_steps, "M": m_steps, "rows": rows, "commands": [" ".join(c) for c in cmds.values()]}
-    save("conversion", {"meta": meta([]), **out})
+    save("conversion", {"meta": meta([]), **out}, scale)
 
 
 def step_inference(scale):
@@ -182,56 +192,58 @@ def step_inference(scale):
             rows.append({"model": name, "prompt_tokens": int(m[1]), "ttft_ms": float(m[2]),
                          "decode_tokens_per_s": float(m[3].replace(",", ""))})
             print(rows[-1], flush=True)
-    save("inference", {"meta": meta(cmds), "rows": rows})
+    save("inference", {"meta": meta(cmds), "rows": rows}, scale)
 
 
 # -----------------------------------------------------------------------------
 # Plots (optional: matplotlib is not a dependency of the repo)
 
-def step_plots(_scale):
+def step_plots(scale):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    if (RESULTS / "lm.json").exists():
-        lm = json.loads((RESULTS / "lm.json").read_text())
+    suffix = "" if scale["name"] == "gpu" else f"_{scale['name']}"
+    load = lambda name: json.loads((RESULTS / f"{name}{suffix}.json").read_text()) \
+        if (RESULTS / f"{name}{suffix}.json").exists() else None
+    if lm := load("lm"):
         fig, ax = plt.subplots(figsize=(6, 4))
         for name, c in lm["curves"].items():
             steps, losses = zip(*c["val"][1:])  # skip step 0: the untrained loss squashes the plot
             ax.plot(steps, losses, label=name)
-        ax.set(xlabel="step", ylabel="val loss (nats / byte)", title=f"LM on the stdlib corpus ({lm['meta']['device']})")
-        ax.legend(), ax.grid(alpha=0.3), fig.tight_layout(), fig.savefig(RESULTS / "lm_val_loss.png", dpi=120)
-    if (RESULTS / "recall.json").exists():
-        rec = json.loads((RESULTS / "recall.json").read_text())
+        ax.set(xlabel="step", ylabel="val loss (nats per byte)", title=f"LM on the stdlib corpus ({lm['meta']['device']})")
+        ax.legend(), ax.grid(alpha=0.3), fig.tight_layout(), fig.savefig(RESULTS / f"lm_val_loss{suffix}.png", dpi=120)
+    if rec := load("recall"):
         fig, ax = plt.subplots(figsize=(6, 4))
         for name, acc in rec["accuracy"].items():
             ax.plot(range(len(acc)), [a["accuracy"] for a in acc.values()], marker="o", label=name)
         buckets = list(next(iter(rec["accuracy"].values())))
         ax.set_xticks(range(len(buckets)), buckets, rotation=30)
-        ax.set(xlabel="distance from the query to its key (tokens)", ylabel="exact match", ylim=(-0.02, 1.02),
-               title="In-context recall by distance (window 128)")
-        ax.legend(), ax.grid(alpha=0.3), fig.tight_layout(), fig.savefig(RESULTS / "recall_by_distance.png", dpi=120)
-        grid = rec["niah"]
-        fig, ax = plt.subplots(figsize=(5, 4))
+        ax.set(xlabel="distance from the query back to its key (tokens)", ylabel="exact match", ylim=(-0.02, 1.02),
+               title=f"In-context recall by distance (window {rec['window']}, {rec['meta']['device']})")
+        ax.legend(), ax.grid(alpha=0.3), fig.tight_layout(), fig.savefig(RESULTS / f"recall_by_distance{suffix}.png", dpi=120)
+    if grid := load("niah"):
+        fig, ax = plt.subplots(figsize=(5.5, 4))
         im = ax.imshow(grid["accuracy"], vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
         ax.set_yticks(range(len(grid["context_lens"])), grid["context_lens"])
         ax.set_xticks(range(len(grid["depths"])), grid["depths"])
         for i, row in enumerate(grid["accuracy"]):
             for j, a in enumerate(row):
                 ax.text(j, i, f"{a:.2f}", ha="center", va="center", fontsize=8)
-        ax.set(xlabel="needle depth (0 = start of context)", ylabel="context length", title="Orthros: needle in a haystack")
-        fig.colorbar(im), fig.tight_layout(), fig.savefig(RESULTS / "niah_orthros.png", dpi=120)
+        ax.set(xlabel="needle depth (0 = start of the context)", ylabel="context length (tokens)",
+               title=f"Orthros, needle in a haystack (window {grid['window']})")
+        fig.colorbar(im), fig.tight_layout(), fig.savefig(RESULTS / f"niah_orthros{suffix}.png", dpi=120)
     print(f"plots in {RESULTS}/")
 
 
-STEPS = {"lm": step_lm, "recall": step_recall, "conversion": step_conversion, "inference": step_inference,
-         "plots": step_plots}
+STEPS = {"lm": step_lm, "recall": step_recall, "niah": step_niah, "conversion": step_conversion,
+         "inference": step_inference, "plots": step_plots}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=[*STEPS, "all"])
+    parser.add_argument("steps", nargs="+", choices=[*STEPS, "all"])
     parser.add_argument("--scale", default="gpu", choices=list(SCALES))
     args = parser.parse_args()
-    for name in (list(STEPS) if args.step == "all" else [args.step]):
+    for name in (list(STEPS) if "all" in args.steps else args.steps):
         t0 = time.time()
-        STEPS[name](SCALES[args.scale])
+        STEPS[name]({"name": args.scale, **SCALES[args.scale]})
         print(f"== {name} done in {time.time() - t0:.0f} s", flush=True)
