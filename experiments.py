@@ -44,7 +44,7 @@ SCALES = {
                 niah_lens=[256, 512, 1024, 2048], niah_n=40, prompt_lens=[32768], new_tokens=128),
     # CPU scale, for the recall and NIAH results when no GPU time is left: recall_tiny (window 32)
     "cpu": dict(lm=["--config", "tiny"], recall=["--config", "recall_tiny"], cont_frac=0.25,
-                niah_lens=[64, 128, 192, 256, 300], niah_n=40, prompt_lens=[4096], new_tokens=64),
+                niah_lens=[64, 128, 256, 300, 512, 1024], niah_n=40, prompt_lens=[4096], new_tokens=64),
     "tiny": dict(lm=["--config", "tiny", "--max_iters", "60", "--eval_interval", "30"],
                  recall=["--config", "recall_tiny", "--max_iters", "60", "--eval_interval", "30",
                          "--eval_exact_match", "40"],
@@ -53,13 +53,16 @@ SCALES = {
 
 
 def run_all(commands, logs):
-    """Run the commands at once (they share the GPU), wait for all; stop if one fails."""
+    """Run the commands, at once on a GPU (they share it), one by one on CPU (they would fight
+    over its cores); stop if one fails."""
     procs = []
     for cmd, log in zip(commands, logs):
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         print("$", " ".join(cmd), flush=True)
-        procs.append(subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT))
-    for p, cmd, log in zip(procs, commands, logs):
+        procs.append((subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT), cmd, log))
+        if not torch.cuda.is_available():
+            procs[-1][0].wait()
+    for p, cmd, log in procs:
         if p.wait() != 0:
             sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}; see {log}")
 
@@ -121,13 +124,11 @@ def step_recall(scale):
 def step_niah(scale, depths=(0.0, 0.25, 0.5, 0.75, 1.0)):
     """A needle-in-a-haystack grid for the recall step's Orthros model: exact-match accuracy for
     one queried pair at each context length and depth (0 = the start of the context, 1 = just
-    before the query)."""
-    ckpt = load_checkpoint("out/exp-recall-orthros/ckpt_last.pt")
+    before the query). The recall step's Transformer gets the same grid, for reference."""
     context_lens, n_per_cell = scale["niah_lens"], scale["niah_n"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = model_from_checkpoint(ckpt, max_seq_len=max(context_lens) + 8).to(device).eval()
-    tok, rng = get_tokenizer(ckpt["tokenizer"]), random.Random(0)
-    examples = []
+    rng, examples = random.Random(0), []
+    tok = get_tokenizer("byte")
     for L in context_lens:
         for depth in depths:
             # the needle's key sits at depth * (L - 2); its distance to the query is then:
@@ -136,15 +137,21 @@ def step_niah(scale, depths=(0.0, 0.25, 0.5, 0.75, 1.0)):
                 ex = make_example(rng, L, n_pairs=8, n_queries=1, n_keys=26, n_values=26, first_distance=distance)
                 tokens, mask = encode_example(ex["turns"], tok)
                 examples.append({"tokens": tokens, "mask": mask, "bucket": f"{L}:{depth}"})
+    grids = {}
+    for attn in ("orthros", "transformer"):
+        ckpt = load_checkpoint(f"out/exp-recall-{attn}/ckpt_last.pt")
+        model = model_from_checkpoint(ckpt, max_seq_len=max(context_lens) + 8).to(device).eval()
 
-    @torch.no_grad()
-    def generate(prompts, n):
-        idx = torch.tensor(prompts, device=device)
-        return model.generate(idx, n, temperature=0)[:, idx.size(1):].tolist()
-    scores = exact_match(examples, generate)
-    save("niah", {"meta": meta([]), "window": ckpt["model_config"]["window"], "trained_context": ckpt["train_config"]["seq_len"],
-                  "n_per_cell": n_per_cell, "context_lens": list(context_lens), "depths": list(depths),
-                  "accuracy": [[scores[f"{L}:{d}"]["accuracy"] for d in depths] for L in context_lens]}, scale)
+        @torch.no_grad()
+        def generate(prompts, n):
+            idx = torch.tensor(prompts, device=device)
+            return model.generate(idx, n, temperature=0)[:, idx.size(1):].tolist()
+        scores = exact_match(examples, generate)
+        grids[attn] = [[scores[f"{L}:{d}"]["accuracy"] for d in depths] for L in context_lens]
+    save("niah", {"meta": meta([]), "window": ckpt["model_config"]["window"],
+                  "trained_context": ckpt["train_config"]["seq_len"], "n_per_cell": n_per_cell,
+                  "context_lens": list(context_lens), "depths": list(depths),
+                  "accuracy": grids["orthros"], "transformer_accuracy": grids["transformer"]}, scale)
 
 
 def step_conversion(scale):
@@ -230,8 +237,34 @@ def step_plots(scale):
             for j, a in enumerate(row):
                 ax.text(j, i, f"{a:.2f}", ha="center", va="center", fontsize=8)
         ax.set(xlabel="needle depth (0 = start of the context)", ylabel="context length (tokens)",
-               title=f"Orthros, needle in a haystack (window {grid['window']})")
+               title=f"Orthros, needle in a haystack\n(window {grid['window']}, trained on {grid['trained_context']} tokens)")
         fig.colorbar(im), fig.tight_layout(), fig.savefig(RESULTS / f"niah_orthros{suffix}.png", dpi=120)
+    if conv := load("conversion"):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+        names = ["base_transformer", "c_orthros_untrained", "a_orthros_converted", "b_transformer_cpt"]
+        labels = ["base\n(N steps)", "(c) converted,\nuntrained", "(a) converted\n+M steps", "(b) base CPT\n+M steps"]
+        rows = conv["lm"]["rows"]
+        axes[0].bar(labels, [rows[n]["val_loss_after"] for n in names], color=["gray", "tab:olive", "tab:green", "tab:blue"])
+        lo = min(rows[n]["val_loss_after"] for n in names)
+        axes[0].set(ylabel="val loss", ylim=(lo * 0.97, None), title=f"LM (N={conv['lm']['N']}, M={conv['lm']['M']})")
+        axes[0].tick_params(axis="x", labelsize=8)
+        recall_rows = conv["recall"]["rows"]
+        for n, label in zip(names[1:], labels[1:]):
+            acc = recall_rows[n]["exact_match"]
+            axes[1].plot(range(len(acc)), [a["accuracy"] for a in acc.values()], marker="o", label=label.replace("\n", " "))
+            axes[1].set_xticks(range(len(acc)), list(acc), rotation=30)
+        axes[1].set(ylabel="exact match", ylim=(0.8, 1.01), title=f"recall (N={conv['recall']['N']}, M={conv['recall']['M']})")
+        axes[1].legend(fontsize=7), fig.tight_layout(), fig.savefig(RESULTS / f"conversion{suffix}.png", dpi=120)
+    if inf := load("inference"):
+        fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+        models = [r["model"] for r in inf["rows"]]
+        axes[0].bar(models, [r["ttft_ms"] for r in inf["rows"]])
+        axes[0].set(ylabel="ms", title=f"time to first token ({inf['rows'][0]['prompt_tokens']}-token prompt)")
+        axes[1].bar(models, [r["decode_tokens_per_s"] for r in inf["rows"]])
+        axes[1].set(ylabel="tokens/s", title="decode (batch 1)")
+        for ax in axes:
+            ax.tick_params(axis="x", labelrotation=20)
+        fig.tight_layout(), fig.savefig(RESULTS / f"inference{suffix}.png", dpi=120)
     print(f"plots in {RESULTS}/")
 
 

@@ -22,9 +22,12 @@ Choices of this implementation, not dictated by the paper:
     MLP of width 4C, no biases, input and output embeddings tied (as in nanoGPT);
   - the baselines share every line except attention: attn="transformer" is a plain GPT
     with full causal attention, attn="swa" uses the sliding window only;
-  - sliding-window attention has two paths: a readable dense-mask reference
-    (swa_impl="dense") and a blockwise path whose cost grows linearly with T
-    (swa_impl="blocked", the default, used for training and prefill);
+  - sliding-window attention has a readable dense-mask reference (swa_impl="dense", O(T^2))
+    and two fast paths whose cost grows linearly with T, both tested against it: blocks of w
+    queries over 2w keys with plain SDPA ("blocked", the default on CPU) and FlexAttention
+    ("flex", the default on CUDA). Training and prefill use the fast paths;
+  - a naive KV cache (KVCache) grown by concatenation; compile_blocks() optionally fuses
+    each block with torch.compile for speed;
   - an optional short causal depthwise convolution (conv_kernel > 0; off by default and
     in every paper configuration) mixes neighbouring base tokens before K and V, the same
     way for all three attn types. It only helps tiny models learn recall quickly.
@@ -264,10 +267,9 @@ class KVCache:
 class OrthrosAttention(nn.Module):
     """Algorithm 1 (attn="orthros"), and the two baselines that share its code."""
 
-    def __init__(self, config, layer_idx):
+    def __init__(self, config):
         super().__init__()
         C = config.n_embd
-        self.layer_idx = layer_idx
         self.n_head, self.head_dim = config.n_head, C // config.n_head
         self.window = None if config.attn == "transformer" else config.window
         self.swa_impl, self.dropout = config.swa_impl, config.dropout
@@ -347,10 +349,10 @@ class Block(nn.Module):
     """One layer of Alg. 2 (lines 4-7). Norms and MLP are token-wise: they treat base and
     output tokens alike, with the same weights."""
 
-    def __init__(self, config, layer_idx):
+    def __init__(self, config):
         super().__init__()
         self.ln_1 = nn.RMSNorm(config.n_embd)
-        self.attn = OrthrosAttention(config, layer_idx)
+        self.attn = OrthrosAttention(config)
         self.ln_2 = nn.RMSNorm(config.n_embd)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
@@ -370,7 +372,7 @@ class Orthros(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
+        self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         self.ln_f = nn.RMSNorm(config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied embeddings
@@ -520,13 +522,10 @@ class Orthros(nn.Module):
                              f"{tuple(state_dict[wrong[0]].shape)}, this model's is {tuple(own[wrong[0]].shape)}. "
                              "Is it from a model of another size?")
         missing, unexpected = self.load_state_dict(state_dict, strict=False)
-        allowed = ("alpha", "beta", "alpha_out", "beta_out")
-        bad_missing = [k for k in missing if k.rsplit(".", 1)[-1] not in allowed]
+        bad_missing = [k for k in missing if k.rsplit(".", 1)[-1] not in ("alpha", "beta", "alpha_out", "beta_out")]
         if bad_missing or unexpected:
             raise ValueError(f"state dict does not fit this model: missing {bad_missing}, "
                              f"unexpected {unexpected}. Is it from a model of another size?")
-        if missing:
-            for block in self.blocks:  # identity scale-offset: q = 1 * (x W_Q) + 0
-                if block.attn.scale_offset:
-                    for name in allowed:
-                        nn.init.constant_(getattr(block.attn, name), 1.0 if "alpha" in name else 0.0)
+        with torch.no_grad():
+            for name in missing:  # identity scale-offset: q = 1 * (x W_Q) + 0
+                self.get_parameter(name).fill_(1.0 if name.rsplit(".", 1)[-1].startswith("alpha") else 0.0)

@@ -11,6 +11,7 @@ prefill) and the decode speed in tokens/s.
 """
 
 import argparse
+import os
 import sys
 import time
 
@@ -44,6 +45,8 @@ def main(argv=None):
 
     if (args.prompt is None) == (args.prompt_file is None):
         parser.error("give exactly one of --prompt TEXT or --prompt_file PATH")
+    if args.prompt_file is not None and not os.path.isfile(args.prompt_file):
+        parser.error(f"--prompt_file {args.prompt_file}: no such file")
     prompt = args.prompt if args.prompt is not None else open(args.prompt_file, encoding="utf-8").read()
     if not prompt:
         parser.error("the prompt is empty: the model needs at least one token to continue from")

@@ -429,3 +429,18 @@ def test_cuda_bf16_model_matches_float64_and_decodes_consistently(attn, compiled
     _, loss = gpu(idx.cuda(), idx.cuda())
     loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in gpu.parameters())
+
+
+# -----------------------------------------------------------------------------
+# The README's map from the paper to the code stays true
+
+def test_readme_line_map():
+    """Every 'Alg. X, line Y' row of the README points at the line of orthros.py that carries that mark."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parent
+    code = (root / "orthros.py").read_text().splitlines()
+    rows = re.findall(r"^\| (Alg\. [12], lines? [\d-]+)[^|]*\|[^|]*\| L(\d+) \|", (root / "README.md").read_text(), re.M)
+    assert len(rows) == 16
+    for tag, n in rows:
+        assert re.search(re.escape(tag) + r"(?!\d)", code[int(n) - 1]), (tag, n, code[int(n) - 1])

@@ -83,7 +83,7 @@ class TrainConfig:
     seed: int = 1337
     device: str = "auto"           # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"            # auto (bf16 autocast where supported, else fp32) | float32 | bfloat16
-    compile: bool = False          # torch.compile the model
+    compile: bool = False          # torch.compile each block (model.compile_blocks())
 
 
 # Named presets: each changes only what differs from the defaults above.
@@ -263,6 +263,18 @@ def autocast_context(cfg, device_type):
     return torch.autocast(device_type=device_type, dtype=torch.bfloat16), "bfloat16 autocast"
 
 
+def compile_works(device):
+    """torch.compile needs a working compiler toolchain (Triton on GPUs, a C++ compiler on CPU).
+    Try it on a tiny function first, so a platform without one gets a message, not a traceback."""
+    try:
+        torch.compile(lambda x: x * 2 + 1)(torch.ones(8, device=device))
+        return True
+    except Exception as e:
+        print(f"note: torch.compile does not work here ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+              "training without it")
+        return False
+
+
 def rng_state(generator, device_type):
     state = {"data": generator.get_state(), "torch": torch.get_rng_state()}
     if device_type == "cuda":
@@ -319,8 +331,8 @@ def main(argv=None):
     else:
         try:
             data_dir = ensure_prepared(cfg.dataset) if master else DATA_ROOT / cfg.dataset
-        except ValueError as e:
-            sys.exit(f"error: {e}")
+        except (ValueError, OSError, RuntimeError) as e:  # unknown name, no file, no network
+            sys.exit(f"error: preparing dataset {cfg.dataset!r} failed: {e}")
     if ddp:
         dist.barrier()  # rank 0 prepares the data once; the others wait for it
     meta = load_meta(data_dir) if (data_dir / "meta.json").exists() else {}
@@ -352,7 +364,10 @@ def main(argv=None):
         # Shapes come from the checkpoint; attn, window, scale_offset from this run. Loading a
         # transformer into attn=orthros is the paper's conversion (scale-offsets start at identity).
         model_args.update({k: ckpt["model_config"][k] for k in SHAPE_FIELDS})
-    model = Orthros(OrthrosConfig(**model_args)).to(device)
+    try:
+        model = Orthros(OrthrosConfig(**model_args)).to(device)
+    except ValueError as e:  # e.g. an unknown --attn, or heads that do not divide n_embd
+        sys.exit(f"error: {e}")
     optimizer = make_optimizer(model, cfg, device_type)
     train_gen = torch.Generator().manual_seed(cfg.seed)  # draws the training batches
     if cfg.init_from == "resume":
@@ -370,11 +385,8 @@ def main(argv=None):
             print(f"initialised from {cfg.init_from}" + (f" at step {start_step}" if start_step else ""))
 
     raw_model = model
-    if cfg.compile:
-        try:
-            model = torch.compile(model)
-        except Exception as e:  # e.g. a platform without a working compiler toolchain
-            print(f"torch.compile is not available here ({type(e).__name__}: {e}); training without it")
+    if cfg.compile and compile_works(device):
+        model.compile_blocks()
     if ddp:
         model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
 
