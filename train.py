@@ -340,10 +340,13 @@ def main(argv=None):
     # ---- the model: from scratch, resumed, or initialised from another checkpoint
     out_dir = Path(cfg.out_dir)
     ckpt, start_step, best_val = None, 0, float("inf")
-    if cfg.init_from == "resume":
-        ckpt = load_checkpoint(out_dir / "ckpt_last.pt")
-    elif cfg.init_from != "scratch":
-        ckpt = load_checkpoint(cfg.init_from)
+    try:
+        if cfg.init_from == "resume":
+            ckpt = load_checkpoint(out_dir / "ckpt_last.pt")
+        elif cfg.init_from != "scratch":
+            ckpt = load_checkpoint(cfg.init_from)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: --init_from {cfg.init_from}: {e}")
     # The tokenizer: asked for, else the dataset's, else the checkpoint's, else bytes. They must agree.
     tokenizer_name = cfg.tokenizer or meta.get("tokenizer") or (ckpt or {}).get("tokenizer") or "byte"
     for source, name in (("the dataset", meta.get("tokenizer")), ("the checkpoint", (ckpt or {}).get("tokenizer"))):
@@ -376,7 +379,10 @@ def main(argv=None):
         start_step, best_val = ckpt["step"], ckpt["best_val_loss"]
         set_rng_state(ckpt["rng"], train_gen, device_type)
     elif ckpt is not None:
-        model.load_transformer_weights(ckpt["model"])
+        try:
+            model.load_transformer_weights(ckpt["model"])
+        except ValueError as e:
+            sys.exit(f"error: --init_from {cfg.init_from}: {e}")
     if master:
         print(f"config {config_name}: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()))
         print(f"model: {model.num_params() / 1e6:.2f}M parameters, {model.config}")
