@@ -183,7 +183,7 @@ def bench_prefill(args, device, results, save):
             results["prefill"].append(rec)
             print(f"prefill {attn:>11} T={T:>7}: {fmt(rec, 'ms', '{:.2f} ms')}  {fmt(rec, 'peak_mem_gb', '{:.2f} GB')}", flush=True)
             save()
-        del model
+        model = None  # free it before the next model (the closures above refer to the name)
         free_memory(device)
     # Speedups over the Transformer, next to their FLOP-count limits.
     ms = {(r["attn"], r["T"]): r.get("ms") for r in results["prefill"]}
@@ -223,7 +223,7 @@ def bench_decode(args, device, results, save):
                 print(f"decode  {attn:>11} ctx={ctx:>6} B={B}: {fmt(rec, 'tokens_per_s', '{:.0f} tok/s')} "
                       f"{fmt(rec, 'ms_per_step', '{:.2f} ms/step')}  {fmt(rec, 'peak_mem_gb', '{:.2f} GB')}", flush=True)
                 save()
-        del model
+        model = None  # free it before the next model
         free_memory(device)
 
 
