@@ -7,11 +7,12 @@ It is written atomically (a temp file, then a rename), so a crash or a kill in t
 a save leaves the previous checkpoint whole.
 """
 
-import os
+import re
 from pathlib import Path
 
 import torch
 
+from common import atomic_write
 from orthros import Orthros, OrthrosConfig
 
 FORMAT = "orthros-checkpoint-v1"  # marks our files; anything else is refused with a clear error
@@ -19,31 +20,39 @@ FORMAT = "orthros-checkpoint-v1"  # marks our files; anything else is refused wi
 
 def save_checkpoint(path, **state):
     """Write state (model, optimizer, step, config, ...) to path, atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save({"format": FORMAT, **state}, f)
-        f.flush()
-        os.fsync(f.fileno())  # the bytes are on disk before the rename makes them the checkpoint
-    os.replace(tmp, path)     # atomic: readers see the old file or the new one, never half of one
+    atomic_write(path, lambda f: torch.save({"format": FORMAT, **state}, f))
 
 
 def load_checkpoint(path, device="cpu"):
     """Read a checkpoint written by save_checkpoint, with clear errors for anything else."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}: train one first (python train.py --config tiny) "
-                                "or pass the right --ckpt / --out_dir")
+        raise FileNotFoundError(f"no checkpoint at {path}")
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:
-        raise ValueError(f"{path} is not a loadable checkpoint: it is corrupt, truncated, or not a "
-                         f"plain-tensor file ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        raise ValueError(f"{path} is not a loadable checkpoint: {_why_unloadable(e, path)}") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ValueError(f"{path} is a torch file but not an orthros checkpoint (no '{FORMAT}' marker); "
                          "only checkpoints written by this repo's train.py can be loaded")
     return ckpt
+
+
+def _why_unloadable(e, path):
+    """torch.load's error, said in one sentence (its own messages run to several paragraphs)."""
+    message = str(e)
+    if "Unsupported global" in message:
+        found = re.search(r"GLOBAL ([\w.]+)", message)
+        return (f"it holds a Python object ({found[1] if found else 'a class'}) rather than plain tensors and "
+                "values, and weights_only loading refuses those so that opening a file cannot run code.")
+    with open(path, "rb") as f:
+        is_zip = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
+    if is_zip or "zip archive" in message or "central directory" in message:
+        return "the file is truncated or corrupt (it is not a complete torch zip archive)."
+    if isinstance(e, torch.serialization.pickle.UnpicklingError) or "Weights only load failed" in message:
+        return "it is not a torch checkpoint (its bytes do not unpickle as one)."
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    return f"torch.load failed with {type(e).__name__}" + (f": {first}" if len(first) <= 200 else "") + "."
 
 
 def model_from_checkpoint(ckpt, **config_overrides):
@@ -59,6 +68,6 @@ def find_latest_checkpoint(out_dir):
     """The most recently written checkpoint (*.pt) under out_dir, searching subfolders too."""
     found = [p for p in Path(out_dir).rglob("*.pt") if p.is_file()]
     if not found:
-        raise FileNotFoundError(f"no checkpoint (*.pt) under {out_dir}/: train one first, e.g. "
-                                "python train.py --config tiny, or pass --ckpt PATH")
+        raise FileNotFoundError(f"no checkpoint (*.pt) under {out_dir}/: train one first "
+                                "(python train.py --config tiny), or pass --ckpt PATH")
     return max(found, key=lambda p: p.stat().st_mtime)

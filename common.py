@@ -6,10 +6,13 @@ checkpoint.py and by data/: one copy of each. Imports nothing of ours.
     sync(device)                        # wait for the GPU, so a timer measures the work, not the launches
     atomic_write(path, lambda f: f.write(data))   # temp file, fsync, rename: never half a file
     meta = run_meta(device)             # date, device, torch, git commit and whether the tree was clean
+    parser = ArgumentParser(...)        # argparse whose errors are one line: "error: --top_k must be >= 1"
 """
 
+import argparse
 import datetime
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -89,3 +92,12 @@ def run_meta(device="cpu"):
     return {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
             "torch": torch.__version__, "cuda": torch.version.cuda, "git_commit": commit, "git_clean": clean}
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad command line stops with one line ("error: --lr takes a float, got 'x'")
+    instead of the usage block; --help still shows everything."""
+
+    def error(self, message):
+        message = re.sub(r"^argument (--\w+)(/-\w+)?: ", r"\1 ", message)
+        raise SystemExit(f"error: {message}; {self.prog} --help lists every option")

@@ -495,6 +495,23 @@ class Orthros(nn.Module):
         return self._forward(next_idx, 1, cache), cache
 
     @torch.no_grad()
+    def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, decoder=None):
+        """Yield the next tokens (B, 1), one step at a time: the first after prefill, then one per
+        decode step. decoder: an object with prefill and decode (default: this model's KV cache)."""
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if idx.size(1) + max_new_tokens > self.config.max_seq_len:
+            raise ValueError(f"prompt ({idx.size(1)}) + max_new_tokens ({max_new_tokens}) exceeds "
+                             f"max_seq_len={self.config.max_seq_len}")
+        decoder = self if decoder is None else decoder
+        logits, cache = decoder.prefill(idx)
+        for step in range(max_new_tokens):
+            next_idx = sample_next(logits, temperature, top_k)
+            yield next_idx
+            if step < max_new_tokens - 1:
+                logits, cache = decoder.decode(next_idx, cache)
+
+    @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
         """Extend idx: (B, T) by max_new_tokens tokens using prefill + decode.
         temperature 0 means greedy; top_k keeps only the k most likely tokens."""

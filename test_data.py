@@ -82,9 +82,8 @@ def test_unknown_tokenizer_is_a_clear_error():
         get_tokenizer("bpe")
 
 
-def test_gpt2_known_encoding():
+def test_gpt2_known_encoding(gpt2_bpe):
     """GPT-2 BPE from the local ranks file gives GPT-2's known ids."""
-    assert GPT2_BPE_FILE.is_file(), "run `python data/get_gpt2_bpe.py` first"
     tok = get_tokenizer("gpt2")
     assert (tok.vocab_size, tok.eot) == (50257, 50256)
     assert tok.encode("hello world") == [31373, 995]
@@ -92,26 +91,36 @@ def test_gpt2_known_encoding():
     assert tok.decode([31373, 995, 50256]) == "hello world<|endoftext|>"
 
 
-def test_gpt2_round_trips_unicode():
+def test_gpt2_round_trips_unicode(gpt2_bpe):
     """GPT-2 BPE decodes its own encoding of unicode text back exactly."""
     tok = get_tokenizer("gpt2")
     for text in UNICODE_SAMPLES[:-1]:  # the last one holds <|endoftext|>, tested below
         assert tok.decode(tok.encode(text)) == text
 
 
-def test_gpt2_rejects_endoftext_in_text():
+def test_gpt2_rejects_endoftext_in_text(gpt2_bpe):
     """Text containing '<|endoftext|>' raises a ValueError naming the marker, not a tiktoken error."""
     with pytest.raises(ValueError, match=r"special marker '<\|endoftext\|>'"):
         get_tokenizer("gpt2").encode("one document<|endoftext|>another")
 
 
-def test_gpt2_wrong_hash_is_a_clear_error(tmp_path, monkeypatch):
+def test_gpt2_wrong_hash_is_a_clear_error(gpt2_bpe, tmp_path, monkeypatch):
     """A ranks file with the wrong sha256 raises ValueError saying so and how to get the right one."""
     bad = tmp_path / "gpt2.tiktoken"
     bad.write_bytes(GPT2_BPE_FILE.read_bytes()[:-100])
     monkeypatch.setenv("ORTHROS_TIKTOKEN_FILE", str(bad))
     with pytest.raises(ValueError, match=r"sha256(.|\n)*get_gpt2_bpe\.py"):
         get_tokenizer("gpt2")
+
+
+def test_a_missing_gpt2_file_fails_the_tests_that_need_it_in_one_line(tmp_path, monkeypatch):
+    """Without the GPT-2 BPE file, a test that needs it fails with one line naming the command that fetches it."""
+    from conftest import require_gpt2_bpe
+    monkeypatch.delenv("ORTHROS_TIKTOKEN_FILE", raising=False)
+    monkeypatch.setattr("data.tokenizer.GPT2_BPE_FILE", tmp_path / "absent.tiktoken")
+    with pytest.raises(pytest.fail.Exception, match=r"python data/get_gpt2_bpe\.py") as failed:
+        require_gpt2_bpe()
+    assert "\n" not in str(failed.value)
 
 
 def test_gpt2_missing_env_file_is_a_clear_error(tmp_path, monkeypatch):
@@ -178,7 +187,7 @@ def test_stdlib_max_files(py_corpus, tmp_path):
 
 # ----------------------------------------------------------------------------- shakespeare
 
-def test_shakespeare_bins_decode_back(tmp_path):
+def test_shakespeare_bins_decode_back(gpt2_bpe, tmp_path):
     """Shakespeare's train/val bins decode to the first 90% and last 10% of the text's characters."""
     text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 5
     (tmp_path / "input.txt").write_text(text)

@@ -5,13 +5,14 @@ The format, one JSON object per line:
     {"prompt": "What is 2+2?", "response": "4"}
     {"turns": ["first prompt", "first response", "second prompt", "second response"]}
 
-Other keys are kept as metadata (the recall task stores "distance" and "bucket" there). An
+Other keys are kept as metadata. An optional "bucket" (any JSON scalar: a string, a number, ...)
+groups the exact-match report; the recall task stores its distance range there. An
 example becomes the tokens  prompt + response + END  (END = the tokenizer's end token; with
 turns, every response is followed by END). The loss covers only the response tokens and their
 END tokens: the prompt is pure context.
 
-In the model's terms (METHOD.md, "SFT"): for prompt P (p tokens) and response R (r tokens) the
-input is P + R and the output positions are the last prompt token and every response token,
+In the model's terms (the paper's section 3.2): for prompt P (p tokens) and response R (r tokens)
+the input is P + R and the output positions are the last prompt token and every response token,
 t_out = r + 1. A batch is right-padded to its longest example, and t_out is the smallest
 suffix of columns that covers every example's output positions.
 """
@@ -53,6 +54,11 @@ def read_jsonl(path):
             if not turns[0]:
                 raise ValueError(f"{where}: the first prompt is empty; the model needs at least one "
                                  "token to predict the response from")
+            if isinstance(ex.get("bucket"), (dict, list)):
+                raise ValueError(f"{where}: 'bucket' must be a JSON scalar (a string or a number), "
+                                 f"got a {type(ex['bucket']).__name__}")
+            if "bucket" in ex:  # one spelling for the report: 3 and "3" are the same bucket
+                ex["bucket"] = ex["bucket"] if isinstance(ex["bucket"], str) else json.dumps(ex["bucket"])
             examples.append({**{k: v for k, v in ex.items() if k not in ("prompt", "response")},
                              "turns": turns})
     if not examples:
@@ -121,6 +127,12 @@ def collate(examples, pad_id=0):
     return x, y, T - first
 
 
+def has_prompt(example):
+    """Whether an example keeps at least one prompt token before its last response (truncation
+    to seq_len can cut the whole prompt away; such an example can be trained on but not asked)."""
+    return not all(example["mask"])
+
+
 def exact_match(examples, generate, batch_size=64):
     """Exact-match accuracy of generated answers, per example "bucket" (else "all").
 
@@ -130,6 +142,9 @@ def exact_match(examples, generate, batch_size=64):
     """
     groups = defaultdict(list)  # equal prompt and answer lengths can share a batch
     for ex in examples:
+        if not has_prompt(ex):
+            raise ValueError("an example has no prompt token before its answer (truncated away?): "
+                             "filter with has_prompt() first")
         mask = ex["mask"]
         start = len(mask) - mask[::-1].index(False)  # the last response: the trailing run of targets
         groups[start, len(mask) - start].append(ex)
@@ -144,9 +159,12 @@ def exact_match(examples, generate, batch_size=64):
 
 
 def _bucket_order(item):
-    """Buckets named "lo-hi" sort by their lower edge, numerically; others after, by name."""
+    """Numbers, and ranges "lo-hi", sort by their (lower) value; other names after them, by name."""
     lo = item[0].split("-")[0]
-    return (0, int(lo), "") if lo.isdigit() else (1, 0, item[0])
+    try:
+        return (0, float(lo), item[0])
+    except ValueError:
+        return (1, 0.0, item[0])
 
 
 def read_examples_dir(data_dir):
