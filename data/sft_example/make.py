@@ -1,10 +1,10 @@
-"""Write the small SFT example dataset in this folder: repeat a short word, in capitals.
+"""Write the small SFT example dataset in this folder: the first and last letters of a short word.
 
     python data/sft_example/make.py      # rewrites train.jsonl, val.jsonl, test.jsonl (deterministic)
 
 Each line is one SFT example in the format of data/sft.py, for example
 
-    {"prompt": "shout cafe:", "response": "CAFE", "bucket": 4}
+    {"prompt": "first and last letters of cafe:", "response": "ce", "bucket": 4}
 
 "bucket" (here the word's length, a number) groups the exact-match report that train.py prints
 at the end of an SFT run. The files are committed, so `--task sft --dataset data/sft_example`
@@ -21,7 +21,7 @@ SIZES = {"train": 600, "val": 60, "test": 120}
 
 def example(rng):
     word = "".join(rng.choice(LETTERS) for _ in range(rng.randint(3, 6)))
-    return {"prompt": f"shout {word}:", "response": word.upper(), "bucket": len(word)}
+    return {"prompt": f"first and last letters of {word}:", "response": word[0] + word[-1], "bucket": len(word)}
 
 
 def main():
