@@ -320,3 +320,23 @@ def test_recall_test_split_covers_the_buckets(tmp_path):
     for ex in test:
         lo, hi = map(int, ex["bucket"].split("-"))
         assert lo <= ex["distances"][0] < hi
+
+
+# ----------------------------------------------------------------------------- the README, followed literally
+
+def test_readme_install_block_installs_what_the_tests_need():
+    """The README's install block puts a CPU build of torch first, installs pytest, fetches the GPT-2
+    BPE file, and ends with the same test command that CI (.ci/run) runs."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parent
+    readme = (root / "README.md").read_text()
+    block = readme.split("## Install and test", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    lines = [line.split("#")[0].strip() for line in block.strip().splitlines() if line.split("#")[0].strip()]
+    torch_line = next(i for i, line in enumerate(lines) if line.startswith("pip install torch"))
+    requirements_line = next(i for i, line in enumerate(lines) if "-r requirements.txt" in line)
+    assert torch_line < requirements_line and "whl/cpu" in lines[torch_line]
+    assert "pytest" in lines[requirements_line].split()
+    assert "python data/get_gpt2_bpe.py" in lines
+    ci = [line.strip() for line in (root / ".ci" / "run").read_text().splitlines() if line.strip().startswith("python")]
+    assert lines[-1] == ci[-1] == "python -m pytest -q"
+    assert "python data/get_gpt2_bpe.py" in ci

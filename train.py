@@ -161,8 +161,8 @@ def build_parser():
     presets = "\n".join(f"  {name:<12} " + (" ".join(f"{k}={v}" for k, v in preset.items()) or "the defaults below")
                         for name, preset in CONFIGS.items())
     parser = ArgumentParser(prog="python train.py", description=__doc__, allow_abbrev=False,
-                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                     epilog=f"named configs (--config NAME; each sets only what it lists):\n{presets}")
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog=f"named configs (--config NAME; each sets only what it lists):\n{presets}")
     parser.add_argument("--config", default="small", type=config_name, metavar="NAME",
                         help=f"a named preset: {', '.join(CONFIGS)} (default: small)")
     helps = field_help()
