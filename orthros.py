@@ -22,6 +22,10 @@ Choices of this implementation, not dictated by the paper:
     MLP of width 4C, no biases, input and output embeddings tied (as in nanoGPT);
   - the baselines share every line except attention: attn="transformer" is a plain GPT
     with full causal attention, attn="swa" uses the sliding window only;
+  - sliding-window attention has a readable dense-mask reference (swa_impl="dense", O(T^2))
+    and two fast paths whose cost grows linearly with T, both tested against it: blocks of w
+    queries over 2w keys with plain SDPA ("blocked", the default on CPU) and FlexAttention
+    ("flex", the default on CUDA). Training and prefill use the fast paths;
   - a naive KV cache (KVCache) grown by concatenation; compile_blocks() optionally fuses
     each block with torch.compile for speed;
   - an optional short causal depthwise convolution (conv_kernel > 0; off by default and

@@ -161,7 +161,8 @@ def test_in_window_is_the_paper_window():
     assert torch.equal(in_window(t, j, None), j <= t)
 
 
-@pytest.mark.parametrize("swa", [dense_sliding_window_attention, blocked_sliding_window_attention])
+@pytest.mark.parametrize("swa", [dense_sliding_window_attention, blocked_sliding_window_attention],
+                         ids=["dense", "blocked"])
 @pytest.mark.parametrize("T", [5, 8, 21])
 def test_window_boundary_is_exact(swa, T):
     """Position t sees exactly keys t-w+1 ... t: key t-w+1 is seen, key t-w is not."""
@@ -194,8 +195,12 @@ def test_patched_in_window_changes_dense_and_blocked(monkeypatch):
     q, k, v = (torch.randn(2, 3, T, 4, dtype=torch.float64) for _ in range(3))
     dense, blocked = dense_sliding_window_attention(q, k, v, w), blocked_sliding_window_attention(q, k, v, w)
     wider = dense_sliding_window_attention(q, k, v, w + 1)  # the window the patched predicate describes
-    monkeypatch.setattr(orthros, "in_window",
-                        lambda q_pos, k_pos, window: (k_pos <= q_pos) & (q_pos - k_pos <= window))
+
+    def off_by_one(q_pos, k_pos, window):  # a student's slip: <= where the paper has <
+        causal = k_pos <= q_pos
+        return causal if window is None else causal & (q_pos - k_pos <= window)
+
+    monkeypatch.setattr(orthros, "in_window", off_by_one)
     for swa, before in [(dense_sliding_window_attention, dense), (blocked_sliding_window_attention, blocked)]:
         after = swa(q, k, v, w)
         assert not torch.allclose(after, before)
@@ -229,7 +234,7 @@ def test_blocked_swa_equals_dense_reference(T, window):
 
 @pytest.mark.parametrize("T,window", [(77, 8), (128, 128), (300, 128), (700, 200), (1000, 64)])
 def test_flex_swa_equals_dense_reference(T, window):
-    """The FlexAttention window (compiled; here on the CPU) equals the dense reference, T below, at and off multiples of 128."""
+    """The FlexAttention window (compiled, on the CPU) equals the dense reference, for T below, at and off 128k."""
     torch.manual_seed(T)
     q, k, v = (torch.randn(2, 3, T, 16) for _ in range(3))
     torch.testing.assert_close(flex_swa(q, k, v, window), dense_sliding_window_attention(q, k, v, window),
@@ -238,15 +243,16 @@ def test_flex_swa_equals_dense_reference(T, window):
 
 @pytest.mark.parametrize("T,window", [(77, 8), (128, 128), (129, 128), (300, 128), (700, 200), (1000, 64), (1000, 1)])
 def test_flex_block_tables_are_exact(T, window):
-    """The block tables list exactly the (query block, key block) pairs that hold a pair in the window: forward and backward sides."""
+    """The block tables (forward and backward side) list exactly the block pairs that hold a pair in the window."""
     mask = sliding_window_block_mask(T, window, "cpu", compute_q_blocks=True)
     n = math.ceil(T / 128)
     dense = torch.zeros(n * 128, n * 128, dtype=torch.bool)
     dense[:T, :T] = attention_mask(T, T, window)
     needed = dense.reshape(n, 128, n, 128).any(dim=3).any(dim=1)          # (query block, key block)
-    for b in range(n):
-        assert mask.kv_indices[0, 0, b, :mask.kv_num_blocks[0, 0, b]].tolist() == needed[b].nonzero().flatten().tolist()
-        assert mask.q_indices[0, 0, b, :mask.q_num_blocks[0, 0, b]].tolist() == needed[:, b].nonzero().flatten().tolist()
+    kv_rows = [mask.kv_indices[0, 0, b, :mask.kv_num_blocks[0, 0, b]].tolist() for b in range(n)]
+    q_rows = [mask.q_indices[0, 0, c, :mask.q_num_blocks[0, 0, c]].tolist() for c in range(n)]
+    assert kv_rows == [needed[b].nonzero().flatten().tolist() for b in range(n)]     # key blocks of query block b
+    assert q_rows == [needed[:, c].nonzero().flatten().tolist() for c in range(n)]   # query blocks of key block c
 
 
 def test_flex_block_table_size_is_linear_in_T():
@@ -431,7 +437,7 @@ class CountingDecoder:
 
 
 def test_generate_tokens_yields_after_prefill_and_each_decode_step():
-    """generate_tokens yields (B, 1) tokens: the first right after prefill, one per decode step, no decode after the last."""
+    """generate_tokens yields (B, 1) tokens: first after prefill, then one per decode step, no decode after the last."""
     model = make_model()
     idx = torch.randint(0, 37, (2, 5))
     decoder = CountingDecoder(model)
@@ -585,7 +591,7 @@ def test_cuda_bf16_model_matches_float64_and_decodes_consistently(attn, compiled
 # The optional convolution (not in the paper), whose interface engine.py relies on
 
 def test_causal_depthwise_conv_continues_from_its_state():
-    """The convolution over a whole sequence equals the same over two chunks, the second starting from the first's state."""
+    """The convolution of a sequence equals that of two chunks, the second starting from the first's state."""
     torch.manual_seed(0)
     x = torch.randn(2, 9, 4, dtype=torch.float64)
     weight = torch.randn(4, 1, 3, dtype=torch.float64)
@@ -602,7 +608,7 @@ def test_causal_depthwise_conv_continues_from_its_state():
 # The README's map from the paper to the code stays true
 
 def test_readme_alg_map():
-    """Every '# Alg. X, line Y' mark in the README's table is a comment in orthros.py exactly once, and no mark is missing from the table."""
+    """Each '# Alg. X, line Y' mark of the README's table is a comment in orthros.py exactly once; none is missing."""
     root = Path(__file__).resolve().parent
     table = re.findall(r"^\|.*\| `(# Alg\. [12], lines? [\d-]+)` \|$", (root / "README.md").read_text(), re.M)
     code = re.findall(r"# Alg\. [12], lines? [\d-]+", (root / "orthros.py").read_text())
