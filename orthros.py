@@ -178,7 +178,8 @@ def apply_rope(x, cos, sin):
 
 def in_window(q_pos, k_pos, window):
     """May a query at position q_pos attend a key at k_pos? The one definition of the window:
-    every mask in this file (dense, blocked, FlexAttention) is built from it.
+    the dense, blocked and FlexAttention masks are all built from it, looking it up at call
+    time (a patched orthros.in_window applies to all), and a test holds the decode slice to it.
     Causal (k_pos <= q_pos), and with a window w also q_pos - k_pos < w: query t sees keys
     t-w+1 ... t, exactly w of them once t >= w-1 (eq. 4). window=None: all keys <= t (eq. 5)."""
     causal = k_pos <= q_pos
