@@ -1,16 +1,38 @@
 """
-The specification of Orthros attention (../shared/METHOD.md, paper section 3), as tests.
+What the tests prove: Orthros attention (paper section 3, Algorithms 1 and 2, equations 4
+and 5) as a specification, each property in plain words:
 
-Run: python -m pytest -q
-CPU, float64 where exactness is the point, tiny shapes. The tests marked `cuda` run the
-GPU paths against the same references and skip only where there is no GPU.
+1. Training equals prefill plus decode. The logits of one pre-training forward (t_out = T) at
+   positions p-1 ... T-1 equal those of prefill on the first p tokens followed by one-token
+   decode steps, for sequences several windows long, batch > 1 and several p.
+2. Any t_out gives the last rows. forward(t_out=k) is the last k rows of forward(t_out=T),
+   and the SFT loss and its gradients with a small t_out equal those with t_out = T.
+3. The window is exact, and defined once. Query t sees key t-w+1 and not key t-w: in the dense
+   reference, the blocked and the FlexAttention paths and the decode slice, all built from
+   (or checked against) one predicate, in_window; patching it changes the paths built from it.
+4. The reach of each stream is bounded. After L layers the base stream (the KV cache) at t
+   depends only on tokens t - L(w-1) ... t; the output stream at t depends on every token <= t.
+5. Causality. Changing token j changes no logits before position j.
+6. The model reduces to a Transformer. With w >= T and identity scale-offset, Orthros built
+   from a Transformer's weights gives the Transformer's logits; the conversion is a pure
+   weight copy.
+
+Run: python -m pytest -q test_orthros.py
+CPU, float64 where exactness is the point, tiny shapes. The tests marked `cuda` run the GPU
+paths against the same references and skip only where there is no GPU.
 """
+
+import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
+import orthros
 from orthros import (ATTN_TYPES, Orthros, OrthrosConfig, attention_mask, blocked_sliding_window_attention,
-                     dense_sliding_window_attention, flex_sliding_window_attention, sliding_window_block_mask)
+                     causal_attention, causal_depthwise_conv, dense_sliding_window_attention,
+                     flex_sliding_window_attention, in_window, sliding_window_block_mask)
 
 
 def make_model(attn="orthros", seed=0, dtype=torch.float64, randomize=True, **overrides):
@@ -114,7 +136,85 @@ def test_loss_is_the_mean_over_non_ignored_targets():
 
 
 # -----------------------------------------------------------------------------
-# Invariant 3: the window is exact
+# Invariant 3: the window is exact, and defined once (in_window)
+
+def keys_seen(attend, T, w, n_q=None):
+    """Which keys each of the last n_q (default T) queries mixes in: with equal scores (q = 0)
+    and value j = one-hot(j), a query's output is nonzero exactly at the keys it attends."""
+    n_q = T if n_q is None else n_q
+    D = max(T, 16)                                          # FlexAttention wants head size >= 16
+    q = torch.zeros(1, 1, n_q, D, dtype=torch.float64)
+    k = torch.randn(1, 1, T, D, dtype=torch.float64)
+    v = torch.eye(T, D, dtype=torch.float64)[None, None]   # (1, 1, T, D)
+    return [row.nonzero().flatten().tolist() for row in attend(q, k, v, w)[0, 0] > 0]
+
+
+def flex_swa(q, k, v, window):
+    return flex_sliding_window_attention(q, k, v, sliding_window_block_mask(q.size(-2), window, q.device))
+
+
+def test_in_window_is_the_paper_window():
+    """in_window(t, j, w) holds exactly for t-w < j <= t (eq. 4), and for every j <= t without a window (eq. 5)."""
+    t, j = torch.arange(12)[:, None], torch.arange(12)[None, :]
+    for w in (1, 3, 8, 20):
+        assert torch.equal(in_window(t, j, w), (t - w < j) & (j <= t))
+    assert torch.equal(in_window(t, j, None), j <= t)
+
+
+@pytest.mark.parametrize("swa", [dense_sliding_window_attention, blocked_sliding_window_attention],
+                         ids=["dense", "blocked"])
+@pytest.mark.parametrize("T", [5, 8, 21])
+def test_window_boundary_is_exact(swa, T):
+    """Position t sees exactly keys t-w+1 ... t: key t-w+1 is seen, key t-w is not."""
+    w = 8
+    seen = keys_seen(swa, T, w)
+    for t in range(T):
+        assert seen[t] == list(range(max(0, t - w + 1), t + 1))
+
+
+def test_window_boundary_is_exact_flex():
+    """The same boundary for the FlexAttention window (compiled, here on the CPU), over several blocks of 128."""
+    T, w = 300, 128
+    seen = keys_seen(lambda q, k, v, w: flex_swa(q.float(), k.float(), v.float(), w), T, w)
+    for t in range(T):
+        assert seen[t] == list(range(max(0, t - w + 1), t + 1))
+
+
+@pytest.mark.parametrize("S", [1, 5, 8, 9, 20])
+@pytest.mark.parametrize("window", [8, None])
+def test_decode_reads_exactly_the_window(S, window):
+    """The single-query decode path at t = S-1 reads exactly the keys {j : in_window(t, j, w)} (the last w, or all)."""
+    seen = keys_seen(lambda q, k, v, w: causal_attention(q, k, v, w), S, window, n_q=1)[0]
+    assert seen == [j for j in range(S) if in_window(S - 1, j, window)]
+
+
+def test_patched_in_window_changes_dense_and_blocked(monkeypatch):
+    """Patching orthros.in_window (here off by one: q - k <= w) changes the dense and the blocked paths alike."""
+    torch.manual_seed(0)
+    T, w = 21, 4
+    q, k, v = (torch.randn(2, 3, T, 4, dtype=torch.float64) for _ in range(3))
+    dense, blocked = dense_sliding_window_attention(q, k, v, w), blocked_sliding_window_attention(q, k, v, w)
+    wider = dense_sliding_window_attention(q, k, v, w + 1)  # the window the patched predicate describes
+
+    def off_by_one(q_pos, k_pos, window):  # a student's slip: <= where the paper has <
+        causal = k_pos <= q_pos
+        return causal if window is None else causal & (q_pos - k_pos <= window)
+
+    monkeypatch.setattr(orthros, "in_window", off_by_one)
+    for swa, before in [(dense_sliding_window_attention, dense), (blocked_sliding_window_attention, blocked)]:
+        after = swa(q, k, v, w)
+        assert not torch.allclose(after, before)
+        torch.testing.assert_close(after, wider, rtol=0, atol=1e-12)
+
+
+def test_attention_mask_is_bottom_right_aligned():
+    """With fewer queries than keys, queries are the last positions: the last query sees every key."""
+    mask = attention_mask(2, 5)
+    assert mask.tolist() == [[True, True, True, True, False], [True] * 5]
+    assert attention_mask(3, 5, window=2).tolist() == [[False, True, True, False, False],
+                                                       [False, False, True, True, False],
+                                                       [False, False, False, True, True]]
+
 
 @pytest.mark.parametrize("T", [1, 5, 7, 8, 9, 19, 32])
 @pytest.mark.parametrize("window", [1, 3, 8])
@@ -132,35 +232,37 @@ def test_blocked_swa_equals_dense_reference(T, window):
         torch.testing.assert_close(g, g_ref, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("T,window", [(77, 8), (300, 128)])
+@pytest.mark.parametrize("T,window", [(77, 8), (128, 128), (300, 128), (700, 200), (1000, 64)])
 def test_flex_swa_equals_dense_reference(T, window):
-    """The FlexAttention window (compiled; here on the CPU) equals the dense reference."""
+    """The FlexAttention window (compiled, on the CPU) equals the dense reference, for T below, at and off 128k."""
     torch.manual_seed(T)
     q, k, v = (torch.randn(2, 3, T, 16) for _ in range(3))
-    out = flex_sliding_window_attention(q, k, v, sliding_window_block_mask(T, window, "cpu"))
-    torch.testing.assert_close(out, dense_sliding_window_attention(q, k, v, window), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(flex_swa(q, k, v, window), dense_sliding_window_attention(q, k, v, window),
+                               rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("swa", [dense_sliding_window_attention, blocked_sliding_window_attention])
-@pytest.mark.parametrize("T", [5, 8, 21])
-def test_window_boundary_is_exact(swa, T):
-    """Position t sees exactly keys t-w+1 ... t: key t-w+1 is seen, key t-w is not."""
-    w = 8
-    q = torch.zeros(1, 1, T, T, dtype=torch.float64)        # equal scores: uniform over the visible keys
-    k = torch.randn(1, 1, T, T, dtype=torch.float64)
-    v = torch.eye(T, dtype=torch.float64)[None, None]      # value of key j = one-hot(j)
-    seen = swa(q, k, v, w)[0, 0] > 0                         # (T, T): which keys each query mixed in
-    for t in range(T):
-        assert seen[t].nonzero().flatten().tolist() == list(range(max(0, t - w + 1), t + 1))
+@pytest.mark.parametrize("T,window", [(77, 8), (128, 128), (129, 128), (300, 128), (700, 200), (1000, 64), (1000, 1)])
+def test_flex_block_tables_are_exact(T, window):
+    """The block tables (forward and backward side) list exactly the block pairs that hold a pair in the window."""
+    mask = sliding_window_block_mask(T, window, "cpu", compute_q_blocks=True)
+    n = math.ceil(T / 128)
+    dense = torch.zeros(n * 128, n * 128, dtype=torch.bool)
+    dense[:T, :T] = attention_mask(T, T, window)
+    needed = dense.reshape(n, 128, n, 128).any(dim=3).any(dim=1)          # (query block, key block)
+    kv_rows = [mask.kv_indices[0, 0, b, :mask.kv_num_blocks[0, 0, b]].tolist() for b in range(n)]
+    q_rows = [mask.q_indices[0, 0, c, :mask.q_num_blocks[0, 0, c]].tolist() for c in range(n)]
+    assert kv_rows == [needed[b].nonzero().flatten().tolist() for b in range(n)]     # key blocks of query block b
+    assert q_rows == [needed[:, c].nonzero().flatten().tolist() for c in range(n)]   # query blocks of key block c
 
 
-def test_attention_mask_is_bottom_right_aligned():
-    """With fewer queries than keys, queries are the last positions: the last query sees every key."""
-    mask = attention_mask(2, 5)
-    assert mask.tolist() == [[True, True, True, True, False], [True] * 5]
-    assert attention_mask(3, 5, window=2).tolist() == [[False, True, True, False, False],
-                                                       [False, False, True, True, False],
-                                                       [False, False, False, True, True]]
+def test_flex_block_table_size_is_linear_in_T():
+    """The block tables grow as O(T / 128), not O((T / 128)^2): 2 key blocks per query block for w = 128."""
+    T, n = 128 * 64, 64
+    on_gpu = sliding_window_block_mask(T, 128, "meta", compute_q_blocks=True)  # "meta" stands in for a GPU
+    assert on_gpu.kv_indices.numel() <= 2 * n and on_gpu.q_indices.numel() <= 2 * n
+    on_cpu = sliding_window_block_mask(T, 128, "cpu", compute_q_blocks=True)  # a wide view, narrow storage
+    assert on_cpu.kv_indices.untyped_storage().nbytes() <= 3 * n * 4
+    assert on_cpu.kv_num_blocks.numel() == n and on_cpu.q_indices.numel() <= 2 * n
 
 
 @pytest.mark.parametrize("attn", ["orthros", "swa"])
@@ -177,6 +279,9 @@ def test_blocked_and_dense_models_agree(attn):
     for pb, pd in zip(blocked.parameters(), dense.parameters()):
         torch.testing.assert_close(pb.grad, pd.grad, rtol=0, atol=1e-12)
 
+
+# -----------------------------------------------------------------------------
+# Invariant 4: the reach of each stream is bounded
 
 @pytest.mark.parametrize("attn", ["orthros", "swa"])
 def test_base_stream_is_local(attn):
@@ -228,7 +333,7 @@ def test_base_stream_never_sees_the_output_stream():
 
 
 # -----------------------------------------------------------------------------
-# Invariant 4: causality
+# Invariant 5: causality
 
 @pytest.mark.parametrize("attn", ATTN_TYPES)
 @pytest.mark.parametrize("conv_kernel", [0, 3])
@@ -246,7 +351,7 @@ def test_causality(attn, conv_kernel):
 
 
 # -----------------------------------------------------------------------------
-# Invariant 5: reduction to a Transformer, and the paper's conversion
+# Invariant 6: reduction to a Transformer, and the paper's conversion
 
 @pytest.mark.parametrize("conv_kernel", [0, 3])
 def test_orthros_with_full_window_equals_transformer(conv_kernel):
@@ -314,6 +419,57 @@ def test_sampling_respects_top_k():
     model = make_model()
     idx = torch.randint(0, 37, (2, 5))
     assert torch.equal(model.generate(idx, 10, temperature=2.0, top_k=1), model.generate(idx, 10, temperature=0))
+
+
+class CountingDecoder:
+    """A decoder that records every call, and delegates to the model's own prefill and decode."""
+
+    def __init__(self, model):
+        self.model, self.calls = model, []
+
+    def prefill(self, idx):
+        self.calls.append("prefill")
+        return self.model.prefill(idx)
+
+    def decode(self, next_idx, state):
+        self.calls.append("decode")
+        return self.model.decode(next_idx, state)
+
+
+def test_generate_tokens_yields_after_prefill_and_each_decode_step():
+    """generate_tokens yields (B, 1) tokens: first after prefill, then one per decode step, no decode after the last."""
+    model = make_model()
+    idx = torch.randint(0, 37, (2, 5))
+    decoder = CountingDecoder(model)
+    calls_at_yield = []
+    for token in model.generate_tokens(idx, 4, temperature=0, decoder=decoder):
+        assert token.shape == (2, 1)
+        calls_at_yield.append(list(decoder.calls))
+    assert calls_at_yield == [["prefill"], ["prefill", "decode"], ["prefill"] + ["decode"] * 2,
+                              ["prefill"] + ["decode"] * 3]
+    assert decoder.calls == ["prefill"] + ["decode"] * 3
+    assert torch.equal(model.generate(idx, 4, temperature=0, decoder=CountingDecoder(model)),
+                       model.generate(idx, 4, temperature=0))
+
+
+def test_generate_is_the_prompt_followed_by_generate_tokens():
+    """generate returns the prompt followed by exactly the tokens generate_tokens yields (same seed)."""
+    model = make_model()
+    idx = torch.randint(0, 37, (2, 5))
+    torch.manual_seed(1)
+    tokens = list(model.generate_tokens(idx, 6, temperature=1.0, top_k=5))
+    torch.manual_seed(1)
+    assert torch.equal(model.generate(idx, 6, temperature=1.0, top_k=5), torch.cat([idx, *tokens], dim=1))
+
+
+def test_bad_sampling_settings_are_rejected():
+    """A negative temperature or a top_k below 1 is an error that names it."""
+    model = make_model()
+    idx = torch.randint(0, 37, (1, 5))
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(idx, 3, temperature=-0.5)
+    with pytest.raises(ValueError, match="top_k"):
+        next(model.generate_tokens(idx, 3, top_k=0))
 
 
 # -----------------------------------------------------------------------------
@@ -432,15 +588,29 @@ def test_cuda_bf16_model_matches_float64_and_decodes_consistently(attn, compiled
 
 
 # -----------------------------------------------------------------------------
+# The optional convolution (not in the paper), whose interface engine.py relies on
+
+def test_causal_depthwise_conv_continues_from_its_state():
+    """The convolution of a sequence equals that of two chunks, the second starting from the first's state."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, 4, dtype=torch.float64)
+    weight = torch.randn(4, 1, 3, dtype=torch.float64)
+    zeros = x.new_zeros(2, 2, 4)
+    y, state = causal_depthwise_conv(x, weight, zeros)
+    y1, state1 = causal_depthwise_conv(x[:, :5], weight, zeros)
+    y2, state2 = causal_depthwise_conv(x[:, 5:], weight, state1)
+    torch.testing.assert_close(torch.cat([y1, y2], dim=1), y, rtol=0, atol=1e-12)
+    assert torch.equal(state2, state) and torch.equal(state, x[:, -2:])
+    assert make_model(conv_kernel=3).blocks[0].attn.conv.shape == (16, 1, 3)
+
+
+# -----------------------------------------------------------------------------
 # The README's map from the paper to the code stays true
 
-def test_readme_line_map():
-    """Every 'Alg. X, line Y' row of the README points at the line of orthros.py that carries that mark."""
-    import re
-    from pathlib import Path
+def test_readme_alg_map():
+    """Each '# Alg. X, line Y' mark of the README's table is a comment in orthros.py exactly once; none is missing."""
     root = Path(__file__).resolve().parent
-    code = (root / "orthros.py").read_text().splitlines()
-    rows = re.findall(r"^\| (Alg\. [12], lines? [\d-]+)[^|]*\|[^|]*\| L(\d+) \|", (root / "README.md").read_text(), re.M)
-    assert len(rows) == 16
-    for tag, n in rows:
-        assert re.search(re.escape(tag) + r"(?!\d)", code[int(n) - 1]), (tag, n, code[int(n) - 1])
+    table = re.findall(r"^\|.*\| `(# Alg\. [12], lines? [\d-]+)` \|$", (root / "README.md").read_text(), re.M)
+    code = re.findall(r"# Alg\. [12], lines? [\d-]+", (root / "orthros.py").read_text())
+    assert len(table) == len(set(table)) == 16
+    assert sorted(code) == sorted(table)
