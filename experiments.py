@@ -122,7 +122,11 @@ def run_state(run):
 
 
 class Stop(Exception):
-    """SIGTERM, or past --time_limit: the trainings are stopped and the command ends."""
+    """A failed run, SIGTERM, or past --time_limit: the trainings are stopped and the command ends
+    with this exit status."""
+    def __init__(self, why, status=3):
+        super().__init__(why)
+        self.status = status
 
 
 def run_all(jobs, parallel, deadline):
@@ -149,7 +153,7 @@ def run_all(jobs, parallel, deadline):
                 running.remove(job)
                 if job[0].returncode != 0:
                     tail = "".join(open(job[2], errors="replace").readlines()[-15:])
-                    raise Stop(f"failed ({job[0].returncode}): {shlex.join(job[1])}\n{tail}see {job[2]}")
+                    raise Stop(f"failed ({job[0].returncode}): {shlex.join(job[1])}\n{tail}see {job[2]}", status=1)
             time.sleep(0.5)
     except Stop as why:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the clean-up short
@@ -163,7 +167,7 @@ def run_all(jobs, parallel, deadline):
                 p.kill()
         print(f"stopped: {why}\nThe trainings still running were stopped (SIGTERM: they save ckpt_last.pt); "
               "the same command continues them.", file=sys.stderr)
-        sys.exit(3)
+        sys.exit(why.status)
     finally:
         signal.signal(signal.SIGTERM, previous)
 

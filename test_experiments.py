@@ -101,8 +101,9 @@ def test_run_all_fails_clearly_and_stops_at_the_time_limit(tmp_path, capsys):
     before = signal.getsignal(signal.SIGTERM)
     ok = ([sys.executable, "-c", "print('fine')"], tmp_path / "ok.log")
     bad = ([sys.executable, "-c", "import sys; print('boom'); sys.exit(2)"], tmp_path / "bad.log")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as failed:
         ex.run_all([ok, bad], parallel=2, deadline=None)
+    assert failed.value.code == 1
     assert "failed (2)" in capsys.readouterr().err and "boom" in (tmp_path / "bad.log").read_text()
     # A training past the deadline gets SIGTERM; here it saves its "checkpoint" in its handler.
     saver = ("import signal, sys, time, pathlib\n"
