@@ -68,9 +68,9 @@ SCALES = {
     "cpu": dict(lm=["--config", "tiny"], recall=["--config", "recall_tiny"], recall_data="recall_tiny",
                 cont_frac=0.25, niah_lens=[64, 128, 256, 300, 512, 1024], niah_n=40,
                 prompt_lens=[4096], new_tokens=64),
-    "tiny": dict(lm=["--config", "tiny", "--max_iters", "60", "--eval_interval", "30"],
-                 recall=["--config", "recall_tiny", "--max_iters", "60", "--eval_interval", "30",
-                         "--eval_exact_match", "40"], recall_data="recall_tiny",
+    "tiny": dict(lm=["--config", "tiny", "--max_iters", "30", "--eval_interval", "15", "--eval_iters", "2"],
+                 recall=["--config", "recall_tiny", "--max_iters", "30", "--eval_interval", "15", "--eval_iters", "2",
+                         "--eval_exact_match", "20"], recall_data="recall_tiny",
                  cont_frac=0.5, niah_lens=[64, 128], niah_n=4, prompt_lens=[512], new_tokens=8),
 }
 
