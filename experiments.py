@@ -157,16 +157,17 @@ def run_all(jobs, parallel, deadline):
             time.sleep(0.5)
     except Stop as why:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the clean-up short
-        for p, _, _ in running:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p, _, _ in running:
+        print(f"stopped: {why}", file=sys.stderr)
+        running = [p for p, _, _ in running if p.poll() is None]
+        for p in running:
+            p.send_signal(signal.SIGTERM)
+        for p in running:
             try:
                 p.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 p.kill()
-        print(f"stopped: {why}\nThe trainings still running were stopped (SIGTERM: they save ckpt_last.pt); "
-              "the same command continues them.", file=sys.stderr)
+        print(f"{len(running)} trainings still running got SIGTERM (train.py saves ckpt_last.pt then); "
+              "the same command continues every unfinished run.", file=sys.stderr)
         sys.exit(why.status)
     finally:
         signal.signal(signal.SIGTERM, previous)
