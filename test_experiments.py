@@ -1,0 +1,191 @@
+"""
+Tests for experiments.py's own logic (no training): the seed statistics, the run states that
+make a command resumable, stopping the trainings, the NIAH needles, and sample.py's JSON line.
+
+    python -m pytest -q test_experiments.py
+"""
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import experiments as ex
+from checkpoint import load_checkpoint, save_checkpoint
+from data.recall.prepare import PRESETS
+from data.sft import encode_example
+from data.tokenizer import get_tokenizer
+
+REPO = Path(__file__).resolve().parent
+
+
+def test_stats_use_the_sample_std_and_none_for_one_seed():
+    s = ex.stats([1.0, 2.0, 3.0])
+    assert s == {"values": [1.0, 2.0, 3.0], "mean": 2.0, "std": 1.0}
+    assert ex.stats([0.5])["std"] is None
+
+
+def test_compare_against_the_spread_and_per_seed():
+    a, b = ex.stats([0.80, 0.81, 0.82]), ex.stats([0.90, 0.95, 0.85])
+    c = ex.compare("a", "b", a, b, "loss")
+    assert c["diff_mean"] == pytest.approx(-0.09) and c["spread"] == pytest.approx(0.01 + 0.05)
+    assert c["larger_than_spread"] and c["same_sign_every_seed"]
+    assert c["per_seed_diffs"] == pytest.approx([-0.10, -0.14, -0.03])
+    close = ex.compare("a", "b", ex.stats([1.0, 1.2]), ex.stats([1.1, 1.05]), "loss")
+    assert not close["larger_than_spread"] and not close["same_sign_every_seed"]
+    single = ex.compare("a", "b", ex.stats([1.0]), ex.stats([2.0]), "loss")
+    assert single["spread"] is None and single["larger_than_spread"] is None and single["same_sign_every_seed"] is None
+
+
+def fake_run(tmp_path, **kw):
+    return ex.Run(tmp_path / "run", ["--config", "tiny", "--max_iters", "10", "--seed", "1338"], **kw)
+
+
+def save_fake_checkpoint(run, step, **config):
+    save_checkpoint(run.out_dir / "ckpt_last.pt", step=step, config_name="tiny",
+                    train_config={"max_iters": 10, "seed": 1338, "init_from": "scratch", **config})
+
+
+def test_run_state_fresh_overwrite_resume_done(tmp_path):
+    run = fake_run(tmp_path)
+    assert ex.run_state(run) == "fresh"
+    run.out_dir.mkdir()
+    assert ex.run_state(run) == "fresh"          # an empty folder
+    (run.out_dir / "log.jsonl").write_text('{"step": 0, "val_loss": 5.0}\n')
+    assert ex.run_state(run) == "overwrite"      # died before its first checkpoint
+    save_fake_checkpoint(run, 5)
+    assert ex.run_state(run) == "resume"
+    save_fake_checkpoint(run, 10, init_from="resume")  # a resumed run records init_from=resume
+    assert ex.run_state(run) == "done"
+    assert run.log.parent == run.out_dir.parent  # the launcher's log is not inside the run's folder
+
+
+def test_a_run_that_ends_with_exact_match_is_done_only_with_it(tmp_path):
+    run = fake_run(tmp_path, exact_match=True)
+    save_fake_checkpoint(run, 10)
+    assert ex.run_state(run) == "resume"         # train.py, resumed at the last step, writes it
+    (run.out_dir / "exact_match.json").write_text("{}")
+    assert ex.run_state(run) == "done"
+
+
+def test_an_evaluation_only_run_is_done_from_its_log(tmp_path):
+    run = ex.Run(tmp_path / "run", ["--config", "tiny", "--max_iters", "0"])
+    run.out_dir.mkdir()
+    (run.out_dir / "log.jsonl").write_text('{"step": 0, "val_loss": 5.0}\n')
+    assert ex.run_state(run) == "done"
+
+
+def test_a_folder_of_another_run_is_an_error(tmp_path):
+    run = fake_run(tmp_path)
+    save_fake_checkpoint(run, 5, seed=1337)
+    with pytest.raises(SystemExit, match="holds another run.*--seed 1337 there, '1338' here"):
+        ex.run_state(run)
+
+
+def test_given_keeps_the_last_value_of_a_repeated_key():
+    run = ex.Run(Path("out/x"), ["--config", "small", "--max_iters", "1500", "--curriculum", "", "--max_iters", "375"])
+    assert run.given == {"config": "small", "max_iters": "375", "curriculum": ""}
+    assert run.cmd[-2:] == ["--out_dir", "out/x"]
+
+
+def test_read_val_curve_keeps_the_later_record_and_skips_cut_lines(tmp_path):
+    (tmp_path / "log.jsonl").write_text('{"step": 0, "val_loss": 5.0}\n{"step": 10, "val_loss": 3.0}\n{"step": 1\n'
+                                        '{"step": 10, "val_loss": 2.5}\n{"step": 11, "loss": 2.4}\n')
+    assert ex.read_val_curve(tmp_path) == [(0, 5.0), (10, 2.5)]
+
+
+def test_run_all_fails_clearly_and_stops_at_the_time_limit(tmp_path, capsys):
+    before = signal.getsignal(signal.SIGTERM)
+    ok = ([sys.executable, "-c", "print('fine')"], tmp_path / "ok.log")
+    bad = ([sys.executable, "-c", "import sys; print('boom'); sys.exit(2)"], tmp_path / "bad.log")
+    with pytest.raises(SystemExit) as failed:
+        ex.run_all([ok, bad], parallel=2, deadline=None)
+    assert failed.value.code == 1
+    assert "failed (2)" in capsys.readouterr().err and "boom" in (tmp_path / "bad.log").read_text()
+    # A training past the deadline gets SIGTERM; here it saves its "checkpoint" in its handler.
+    saver = ("import signal, sys, time, pathlib\n"
+             "def save(*a): pathlib.Path(sys.argv[1]).write_text('saved'); sys.exit(0)\n"
+             "signal.signal(signal.SIGTERM, save); print('ready', flush=True); time.sleep(60)")
+    sleeper = ([sys.executable, "-c", saver, str(tmp_path / "saved")], tmp_path / "sleep.log")
+    t0 = time.time()
+    with pytest.raises(SystemExit) as stop:
+        ex.run_all([sleeper], parallel=1, deadline=time.time() + 2)
+    assert stop.value.code == 3 and time.time() - t0 < 30
+    assert (tmp_path / "saved").read_text() == "saved"
+    assert "--time_limit" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler was put back
+
+
+def test_niah_needles_sit_at_their_depth():
+    tok = get_tokenizer("byte")
+    lens, depths = [64, 100], [0.0, 0.5, 1.0]
+    examples = ex.niah_examples(lens, depths, 3, PRESETS["tiny"], tok)
+    assert len(examples) == len(lens) * len(depths) * 3
+    for e in examples:
+        L, depth = e["bucket"].split(":")
+        L, depth = int(L), float(depth)
+        assert len(e["tokens"]) == L + 2 + 2          # context, "?K", then the value and END
+        query_key = e["tokens"][L + 1]
+        needle = L + 1 - ex.needle_distance(L, depth)
+        assert e["tokens"][needle] == query_key and e["tokens"][needle + 1] == e["tokens"][L + 2]
+    assert ex.needle_distance(64, 0.0) == 65 and ex.needle_distance(64, 1.0) == 3
+    assert encode_example(["a", "b"], tok)[0][-1] == tok.eot
+
+
+def test_parse_sample_json_reads_the_last_line():
+    stdout = "loaded out/x/ckpt_last.pt\n----------\nsome text\n" + json.dumps(
+        {"prompt_tokens": 4096, "ttft_ms": 8.1, "decode_tokens_per_s": None, "new_tokens": 1, "batch": 1,
+         "decoder": "naive", "ckpt": "out/x/ckpt_last.pt"}) + "\n"
+    r = ex.parse_sample_json(stdout)
+    assert r["prompt_tokens"] == 4096 and r["decode_tokens_per_s"] is None and r["decoder"] == "naive"
+    with pytest.raises(ValueError, match="did not end its output with a JSON line.*tokens/s"):
+        ex.parse_sample_json("prompt 12 tokens; decode 100 tokens/s\n")
+    with pytest.raises(ValueError, match="nothing"):
+        ex.parse_sample_json("")
+
+
+def test_launch_skips_finished_runs_and_resumes_partial_ones(tmp_path, monkeypatch, capsys):
+    """The real train.py: a run is trained once; cut back to a step-2 checkpoint it is resumed
+    from there; finished, it is skipped."""
+    monkeypatch.chdir(REPO)
+    run = ex.Run(tmp_path / "lm", ["--config", "tiny", "--max_iters", "4", "--eval_interval", "2",
+                                   "--eval_iters", "1", "--batch_size", "2", "--device", "cpu"])
+    S = {"parallel": 1, "deadline": None}
+    ex.launch([run], S)
+    assert ex.run_state(run) == "done"
+    ckpt = load_checkpoint(run.out_dir / "ckpt_last.pt")
+    save_checkpoint(run.out_dir / "ckpt_last.pt", **{**ckpt, "step": 2})  # as if stopped at step 2
+    assert ex.run_state(run) == "resume"
+    capsys.readouterr()
+    ex.launch([run], S)
+    assert "--init_from resume" in capsys.readouterr().out and "at step 2" in run.log.read_text()
+    assert ex.run_state(run) == "done" and [s for s, _ in ex.read_val_curve(run.out_dir)] == [0, 2, 4]
+    ex.launch([run], S)
+    assert "1 of 1 runs already finished" in capsys.readouterr().out
+
+
+def test_step_inference_asks_sample_py_for_json_and_records_its_rows(tmp_path, monkeypatch):
+    """The inference step's wiring, with sample.py replaced by its documented output."""
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        decoder = cmd[cmd.index("--decoder") + 1]
+        line = json.dumps({"prompt_tokens": 512, "ttft_ms": 3.5, "decode_tokens_per_s": 120.0, "new_tokens": 8,
+                           "batch": 1, "decoder": decoder, "ckpt": cmd[cmd.index("--ckpt") + 1]})
+        return ex.subprocess.CompletedProcess(cmd, 0, stdout=f"loaded\n----------\ntext\n{line}\n", stderr="")
+    monkeypatch.setattr(ex.subprocess, "run", fake_run)
+    monkeypatch.setattr(ex, "launch", lambda runs, S: None)
+    monkeypatch.setattr(ex, "pick_device", lambda name="auto": "cuda")
+    monkeypatch.setattr(ex, "RESULTS", tmp_path)
+    monkeypatch.setattr(ex, "run_meta", lambda device: {"device": device})
+    S = {"name": "tiny", **ex.SCALES["tiny"], "seeds": 2, "out": tmp_path / "out", "parallel": 1, "deadline": None}
+    ex.step_inference(S)
+    assert len(calls) == len(ex.LM_MODELS) * 2  # naive and fast on CUDA, first seed only
+    assert all({"--json", "--no_stop"} <= set(c) and "seed1337" in c[c.index("--ckpt") + 1] for c in calls)
+    rows = json.loads((tmp_path / "inference_tiny.json").read_text())["rows"]
+    assert {(r["model"], r["decoder"]) for r in rows} == {(m, d) for m in ex.LM_MODELS for d in ("naive", "fast")}
+    assert rows[0]["ttft_ms"] == 3.5 and rows[0]["prompt_tokens"] == 512
