@@ -517,3 +517,19 @@ def test_sft_without_buckets_and_with_truncation_reports_cleanly(tmp_path, capsy
     run_train(tmp_path / "run2", "--task", "sft", "--dataset", str(data), "--max_iters", "2", "--eval_interval", "2")
     out = capsys.readouterr().out
     assert "on test.jsonl: " in out and "by bucket" not in out
+
+
+def test_a_repeated_sigterm_still_saves(tmp_path, monkeypatch):
+    """SIGTERM twice (a supervisor's timeout, then its forwarded copy) still stops after the step and saves."""
+    import signal
+    real_lr_at = train.lr_at
+    def sigterm_twice_at_step_3(step, cfg):
+        if step == 3:
+            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
+        return real_lr_at(step, cfg)
+    monkeypatch.setattr(train, "lr_at", sigterm_twice_at_step_3)
+    with pytest.raises(SystemExit) as stopped:
+        run_train(tmp_path, "--max_iters", "20", "--eval_interval", "10")
+    assert stopped.value.code == 130
+    assert load_checkpoint(tmp_path / "ckpt_last.pt")["step"] == 4

@@ -484,7 +484,9 @@ class StopRequest:
 
     def handle(self, signum, frame):
         if self.signal is not None:
-            raise KeyboardInterrupt
+            if signum == signal.SIGINT:  # a second Ctrl-C; a repeated SIGTERM (a supervisor's) just waits
+                raise KeyboardInterrupt
+            return
         self.signal = signal.Signals(signum).name
         tqdm.write(f"{self.signal}: stopping after this step and saving ckpt_last.pt "
                    "(Ctrl-C again stops at once, without saving)")
