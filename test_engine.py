@@ -176,3 +176,34 @@ def test_cuda_graph_decoder_gives_the_naive_greedy_tokens(trained_tiny, compile)
     assert torch.equal(forced.argmax(-1)[clear], tokens[clear])
     rel = ((forced.float() - logits[:, :200].float()).norm() / logits[:, :200].float().norm()).item()
     assert rel < 0.03, rel
+
+
+# -----------------------------------------------------------------------------
+# bench.py's decode section drives both decoders through one loop.
+
+def test_decode_bytes_counts_the_prefix_once_and_swa_its_window():
+    """A decode step must read every weight once plus the valid KV prefix (Orthros: once for both
+    twins, like the Transformer; SWA: only its window)."""
+    from bench import decode_bytes
+    cfg = {a: OrthrosConfig(attn=a, n_layer=2, n_embd=16, n_head=2, window=8, vocab_size=VOCAB) for a in ATTN_TYPES}
+    kv_per_key = 2 * 2 * 16 * 2   # layers x (K, V) x n_embd x bf16 bytes
+    assert decode_bytes(cfg["transformer"], 1000, 3, 100) == 1000 * 2 + 3 * 100 * kv_per_key
+    assert decode_bytes(cfg["orthros"], 1000, 3, 100) == decode_bytes(cfg["transformer"], 1000, 3, 100)
+    assert decode_bytes(cfg["swa"], 1000, 3, 100) == 1000 * 2 + 3 * 8 * kv_per_key
+    assert decode_bytes(cfg["swa"], 1000, 3, 5) == 1000 * 2 + 3 * 5 * kv_per_key
+
+
+def test_bench_decode_section_runs_both_decoders(tmp_path):
+    """python bench.py --sections decode (tiny, CPU): a median record for every model and decoder,
+    with tokens/s, the HBM fraction, and the run's metadata in the JSON."""
+    import json
+    import bench
+    out = tmp_path / "bench.json"
+    bench.main(["--tiny", "--device", "cpu", "--sections", "decode", "--decode_ctx", "24", "--decode_batches", "2",
+                "--decode_reps", "2", "--decode_steps", "3", "--out_json", str(out), "--out_png", "", "--out_decode_png", ""])
+    saved = json.loads(out.read_text())
+    assert {(r["attn"], r["decoder"]) for r in saved["decode"]} == {(a, d) for a in bench.MODELS for d in bench.DECODERS}
+    for r in saved["decode"]:
+        assert r["status"] == "ok" and len(r["runs_tokens_per_s"]) == 2
+        assert r["tokens_per_s"] > 0 and r["hbm_fraction"] > 0
+    assert {"device", "torch", "git_commit", "git_clean", "date_utc"} <= set(saved["meta"])
