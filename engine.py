@@ -6,17 +6,15 @@ The naive decoder grows its cache by concatenation (every step copies the whole 
 launches a few hundred small kernels per token from Python. FastDecoder instead:
   - keeps, per layer, K and V of shape (B, H, max_len, D) (and the conv state, if any),
     allocated once and written in place: the new token's K, V go to row `pos`, a device tensor;
-  - reads only the valid prefix of the cache, rounded up to a bucket (bucket_len): within a
-    bucket a step's shapes, and so its captured graph, stay fixed; the rows past the valid
-    prefix are masked out;
+  - reads only the valid prefix of the cache, rounded up to a bucket (bucket_len), and masks
+    the rows past it: within a bucket a step's shapes, and so its captured graph, stay fixed;
   - computes both twins' attention in one pass (decode_attention): the queries (B, H, 2, D) of
     the base and the output twin meet every key once (q @ K^T), row 0 (base twin) is masked to
     its window, row 1 (output twin) sees all keys; softmax in float32; @ V;
-  - on CUDA, captures the whole step as a CUDA graph per bucket and replays it; with
-    compile=True it first fuses each layer with torch.compile. On CPU it runs the same code
-    eagerly (the tests compare it with the naive decoder there).
-results/h200/probe_decode.json compares this attention with one SDPA call per twin (3-6x slower:
-SDPA's masked single-query kernel does not split the keys across the GPU).
+  - on CUDA, replays the step as a CUDA graph per bucket (compile=True: each layer is fused by
+    torch.compile first). On CPU the same code runs eagerly; the tests compare it there.
+results/h200/probe_decode_NOTE.md compares this attention with one SDPA call per twin (3-16x
+slower on an H200: SDPA's masked single-query kernel does not split the keys across the GPU).
 
     decoder = FastDecoder(model, batch_size=B, max_len=T + max_new_tokens)
     logits, cache = decoder.prefill(idx)              # like model.prefill(idx)
@@ -31,8 +29,8 @@ from orthros import apply_rope, causal_depthwise_conv, rope_cos_sin
 
 def bucket_len(n, chunk=256):
     """How many cache rows a step with n valid keys reads: n rounded up to a multiple of
-    g = max(chunk, the power of two just below n / 64). So a step reads at most max(chunk, n/64)
-    rows too many (1.6%), and a context that doubles crosses at most 64 buckets (graphs)."""
+    g = max(chunk, a power of two <= n / 64). So a step reads at most max(chunk, n/64) rows too
+    many (1.6%), and a context that doubles crosses at most 64 buckets (graphs)."""
     g = max(chunk, 1 << max((n - 1).bit_length() - 7, 0))
     return -(-n // g) * g
 
@@ -128,9 +126,8 @@ class StaticKVCache:
 
     def __init__(self, config, batch_size, max_len, device, dtype):
         H, D, n = config.n_head, config.n_embd // config.n_head, config.n_layer
+        zeros = lambda *shape: torch.zeros(*shape, device=device, dtype=dtype)
         with torch.inference_mode(False):  # normal tensors: writable in and out of inference mode
-            def zeros(*shape):
-                return torch.zeros(*shape, device=device, dtype=dtype)
             self.k = [zeros(batch_size, H, max_len, D) for _ in range(n)]
             self.v = [zeros(batch_size, H, max_len, D) for _ in range(n)]
             self.conv = [zeros(batch_size, config.conv_kernel - 1, config.n_embd) if config.conv_kernel else None
@@ -182,10 +179,10 @@ class FastDecoder:
         if idx.dim() != 2 or idx.size(0) != cache.batch_size:
             raise ValueError(f"prefill got idx of shape {tuple(idx.shape)}; this decoder was built for "
                              f"batch_size={cache.batch_size}: pass (batch_size, T) token ids")
-        if idx.size(1) > cache.max_len:
-            raise ValueError(f"prompt of {idx.size(1)} tokens does not fit max_len={cache.max_len}")
-        logits, naive = self.model.prefill(idx)
         T = idx.size(1)
+        if T > cache.max_len:
+            raise ValueError(f"prompt of {T} tokens does not fit max_len={cache.max_len}")
+        logits, naive = self.model.prefill(idx)
         for l, block in enumerate(self.model.blocks):
             cache.k[l][:, :, :T].copy_(naive.k[l])
             cache.v[l][:, :, :T].copy_(naive.v[l])
