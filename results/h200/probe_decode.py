@@ -1,5 +1,5 @@
 """
-Scratch probe (one GPU call): which attention variant and which mode (eager + CUDA graph, or
+Scratch probe (one GPU call; python results/h200/probe_decode.py): which attention variant and which mode (eager + CUDA graph, or
 compiled layers + CUDA graph) should engine.FastDecoder use? Bench model: 12 layers, d=768,
 6 heads of 128, vocab 50304, bf16, random weights and a random cache (timing does not depend
 on the values). Writes $OUT/probe_decode.json after every measurement.
@@ -19,6 +19,9 @@ import statistics
 import sys
 import time
 import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: engine.py, orthros.py
 
 T_START = time.time()
 BUDGET = float(os.environ.get("PROBE_BUDGET", "250"))  # seconds for this script, then stop starting work
