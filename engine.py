@@ -240,17 +240,18 @@ class FastDecoder:
     def _graph(self, n_keys):
         """The CUDA graph of _step(n_keys), captured at first use."""
         if n_keys not in self.graphs:
-            saved = [c.clone() for c in self.cache.conv if c is not None]
+            convs = [c for c in self.cache.conv if c is not None]
+            saved = [c.clone() for c in convs]
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):  # warm-up outside the graph: compilation, cuBLAS set-up
                 for _ in range(2):
                     self._step(n_keys)
+                    # NOTE: a step shifts the conv state: undo it (the K, V it wrote at row pos
+                    # are written again by the replay).
+                    for c, s in zip(convs, saved):
+                        c.copy_(s)
             torch.cuda.current_stream().wait_stream(stream)
-            # NOTE: the warm-up rewrote this token's K, V (the same values again: harmless) and
-            # shifted the conv state, which must be undone before the real step.
-            for c, s in zip([c for c in self.cache.conv if c is not None], saved):
-                c.copy_(s)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 logits = self._step(n_keys)
