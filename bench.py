@@ -2,36 +2,49 @@
 Benchmark Orthros against the Transformer and SWA baselines at one model size, in one process.
 
 Sections (pick with --sections):
-  prefill  latency of model.prefill(idx) at --batch (1) for each T in --prefill_lens, the speedup
-           over the Transformer, and the FLOP-count limit of that speedup (prefill_flop_limits)
-  decode   tokens/s of model.decode() with the KV cache after a prompt of each --decode_ctx
+  prefill  latency of model.prefill(idx) at --batch (1) for each T in --prefill_lens (8K ... 2M), the
+           speedup over the Transformer, and the FLOP-count limit of that speedup (prefill_flop_limits).
+           Prompts longer than --long_T run --long_reps times after --long_warmup warm-up calls (a
+           Transformer prefill of 1M tokens takes ~40 s); a length that does not fit in memory is
+           recorded as OOM, and longer ones are skipped for that model only
+  decode   tokens/s of both decoders, the naive KV cache (model.decode) and engine.FastDecoder
+           (static cache, CUDA graphs), after a prompt of each --decode_ctx, at each --decode_batches;
+           the three models interleaved, --decode_reps runs each, median; with the fraction of the
+           HBM-bandwidth limit the step reaches (hbm_fraction)
   train    forward + backward + AdamW step at --train_T: ms, tokens/s and MFU
 Every measurement also records the peak GPU memory. Results are printed as they come, and the
 JSON file is rewritten after every measurement, so a run cut short by a timeout keeps its figures.
 
-    python bench.py                           # the paper size on a GPU (12 layers, d=768, w=128)
+    python bench.py --compile                 # the paper size on a GPU (12 layers, d=768, w=128)
     python bench.py --tiny --device cpu       # a CPU smoke run of every line, < 1 minute
     python bench.py --sections prefill --prefill_lens 8192,32768
+
+Runtime on one H200 with --compile (estimated from the measurements in results/h200/; each section
+fits one 10-minute call, all three together do not): prefill ~5 min (T <= 256K ~1 min; the
+Transformer at 512K, 1M, 2M ~10 s, ~40 s, ~160 s, one call each), decode ~3-4 min (3 runs x 3 models
+x 2 decoders x 6 (ctx, batch): ~40 s a round, mostly the Transformer's prefills at 128K x 8, plus
+compilation), train ~1 min.
 """
 
 import argparse
 import dataclasses
-import datetime
 import gc
 import json
-import os
 import statistics
-import subprocess
 import time
 import traceback
 
 import torch
 
+from common import atomic_write, pick_device, run_meta, sync
+from engine import FastDecoder
 from orthros import Orthros, OrthrosConfig
 
 MODELS = ("transformer", "orthros", "swa")  # the Transformer first: the others' speedups need it
+DECODERS = ("naive", "fast")                # model.decode with the KVCache; engine.FastDecoder
 TINY = dict(n_layer=2, n_embd=128, n_head=2, window=16, vocab_size=4096, prefill_lens="256,512,1024",
-            decode_ctx="128", decode_steps=8, train_T=256, train_batch=2, reps=3)
+            long_T=512, decode_ctx="64,128", decode_batches="1,2", decode_steps=8, train_T=256, train_batch=2,
+            reps=3)
 
 
 # -----------------------------------------------------------------------------
@@ -93,13 +106,29 @@ def train_flops(cfg, T, batch):
     return 3 * batch * forward_flops(cfg, T, T)
 
 
+def decode_bytes(cfg, n_params, batch, keys, dtype_bytes=2):
+    """The fewest bytes one decode step must read from GPU memory: every weight once, plus the
+    keys and values the new token attends.
+      weight bytes = n_params * dtype_bytes (the tied embedding counts once: the LM head reads all
+        of it, the embedding lookup only B rows);
+      KV bytes = n_layer * 2 (K and V) * batch * keys_read * n_embd * dtype_bytes, where keys_read
+        is the valid prefix `keys` for the Transformer and Orthros (the base twin's window lies
+        inside the prefix that the output twin reads), and min(keys, window) for SWA.
+    Rows read past the valid prefix (the fast decoder's bucket) and the naive cache's copies are
+    not counted: they are overhead, not work."""
+    keys_read = min(keys, cfg.window) if cfg.attn == "swa" else keys
+    return n_params * dtype_bytes + cfg.n_layer * 2 * batch * keys_read * cfg.n_embd * dtype_bytes
+
+
+def hbm_fraction(cfg, n_params, batch, keys, sec_per_step, hbm_bytes_per_s, dtype_bytes=2):
+    """The fraction of the HBM-bandwidth limit a decode step reaches:
+        decode_bytes(...) / seconds per step / bandwidth   (H200: 4.8e12 bytes/s).
+    1.0 would mean the step only streams its weights and valid KV cache at full bandwidth."""
+    return decode_bytes(cfg, n_params, batch, keys, dtype_bytes) / sec_per_step / hbm_bytes_per_s
+
+
 # -----------------------------------------------------------------------------
 # Timing and memory helpers
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
 
 def time_fn(fn, device, reps, warmup):
     """Median seconds of fn() over reps calls, after warmup calls (kernel selection, allocator,
@@ -169,16 +198,22 @@ def bench_prefill(args, device, results, save):
         oom_T = float("inf")  # the shortest prompt that ran out of memory
         for T in args.prefill_lens:
             rec = {"attn": attn, "T": T, "batch": args.batch}
+            # NOTE: above long_T the kernels and compiled graphs are warm from the shorter lengths
+            # (they run first), and one Transformer prefill takes seconds to minutes: fewer runs.
+            reps, warmup = (args.long_reps, args.long_warmup) if T > args.long_T else (args.reps, args.warmup)
             if T >= oom_T:  # a longer prompt cannot fit either: don't spend the time finding out
                 rec["status"] = "OOM (skipped: a shorter T ran out of memory)"
             else:
                 idx = random_tokens(args, args.batch, T, device)
                 def run():
                     with torch.inference_mode():
-                        return {"ms": 1e3 * time_fn(lambda: model.prefill(idx), device, args.reps, args.warmup)}
+                        return {"ms": 1e3 * time_fn(lambda: model.prefill(idx), device, reps, warmup),
+                                "reps": reps, "warmup": warmup}
                 rec.update(measure(run, device))
                 if rec["status"] == "OOM":
                     oom_T = min(oom_T, T)
+                    print(f"NOTE: prefill of {T} tokens does not fit in memory for {attn}; "
+                          "longer prompts are skipped for this model", flush=True)
                 del idx
             results["prefill"].append(rec)
             print(f"prefill {attn:>11} T={T:>7}: {fmt(rec, 'ms', '{:.2f} ms')}  {fmt(rec, 'peak_mem_gb', '{:.2f} GB')}", flush=True)
@@ -198,33 +233,72 @@ def bench_prefill(args, device, results, save):
     save()
 
 
+def decode_run(args, model, decoder_name, ctx, B, device):
+    """Prefill a random prompt of ctx tokens (batch B), then time args.decode_steps greedy decode
+    steps (after args.warmup untimed ones, which include the fast decoder's graph capture).
+    Both decoders run through the same loop: decoder.prefill(idx), decoder.decode(next_idx, state)."""
+    with torch.inference_mode():
+        n_steps = args.warmup + args.decode_steps
+        decoder = model if decoder_name == "naive" else \
+            FastDecoder(model, B, max_len=ctx + n_steps, compile=args.compile)  # a cache for this run only
+        logits, state = decoder.prefill(random_tokens(args, B, ctx, device))
+        next_idx = logits[:, -1].argmax(-1, keepdim=True)       # (B, 1)
+        if device.type == "cuda":  # the peak of the decode phase: cache + one step
+            torch.cuda.reset_peak_memory_stats(device)
+        for step in range(n_steps):
+            if step == args.warmup:
+                sync(device)
+                t0 = time.perf_counter()
+            logits, state = decoder.decode(next_idx, state)
+            next_idx = logits[:, -1].argmax(-1, keepdim=True)   # greedy, as in serving
+        sync(device)
+        dt = time.perf_counter() - t0
+    return {"tokens_per_s": B * args.decode_steps / dt, "ms_per_step": 1e3 * dt / args.decode_steps}
+
+
 def bench_decode(args, device, results, save):
-    for attn in MODELS:
-        model = build_model(args, attn, args.dtype, device).eval()
-        for ctx in args.decode_ctx:
-            for B in args.decode_batches:
-                def run():
-                    with torch.inference_mode():
-                        logits, cache = model.prefill(random_tokens(args, B, ctx, device))
-                        next_idx = logits[:, -1].argmax(-1, keepdim=True)       # (B, 1)
-                        if device.type == "cuda":  # the peak of the decode phase: cache + one step
-                            torch.cuda.reset_peak_memory_stats(device)
-                        for step in range(args.warmup + args.decode_steps):
-                            if step == args.warmup:
-                                sync(device)
-                                t0 = time.perf_counter()
-                            logits, cache = model.decode(next_idx, cache)
-                            next_idx = logits[:, -1].argmax(-1, keepdim=True)   # greedy, as in serving
-                        sync(device)
-                        dt = time.perf_counter() - t0
-                    return {"tokens_per_s": B * args.decode_steps / dt, "ms_per_step": 1e3 * dt / args.decode_steps}
-                rec = {"attn": attn, "ctx": ctx, "batch": B, "steps": args.decode_steps, **measure(run, device)}
+    """For each (ctx, batch): --decode_reps rounds, each measuring every model with each decoder
+    in turn (interleaved, so a slow spell of the machine hits all alike); the median is reported."""
+    models = {attn: build_model(args, attn, args.dtype, device).eval() for attn in MODELS}
+    for ctx in args.decode_ctx:
+        for B in args.decode_batches:
+            runs = {(attn, dec): [] for attn in MODELS for dec in DECODERS}
+            for _ in range(args.decode_reps):
+                for attn in MODELS:
+                    for dec in DECODERS:
+                        runs[attn, dec].append(measure(lambda: decode_run(args, models[attn], dec, ctx, B, device), device))
+            for (attn, dec), recs in runs.items():
+                rec = {"attn": attn, "decoder": dec, "ctx": ctx, "batch": B, "steps": args.decode_steps,
+                       **summarize_runs(recs)}
+                if rec.get("ms_per_step"):
+                    model = models[attn]
+                    keys = ctx + args.warmup + (args.decode_steps + 1) / 2  # mean valid prefix of the timed steps
+                    rec["hbm_fraction"] = hbm_fraction(model.config, model.num_params(), B, keys,
+                                                       rec["ms_per_step"] / 1e3, args.hbm_tbps * 1e12,
+                                                       torch.finfo(args.dtype).bits // 8)
                 results["decode"].append(rec)
-                print(f"decode  {attn:>11} ctx={ctx:>6} B={B}: {fmt(rec, 'tokens_per_s', '{:.0f} tok/s')} "
-                      f"{fmt(rec, 'ms_per_step', '{:.2f} ms/step')}  {fmt(rec, 'peak_mem_gb', '{:.2f} GB')}", flush=True)
-                save()
-        model = None  # free it before the next model
-        free_memory(device)
+                print(f"decode  {attn:>11} {dec:>5} ctx={ctx:>6} B={B}: {fmt(rec, 'tokens_per_s', '{:.0f} tok/s')} "
+                      f"{fmt(rec, 'ms_per_step', '{:.2f} ms/step')} {fmt(rec, 'hbm_fraction', '{:.0%} of HBM bw')}  "
+                      f"{fmt(rec, 'peak_mem_gb', '{:.2f} GB')}", flush=True)
+            save()
+    models = None
+    free_memory(device)
+
+
+def summarize_runs(recs):
+    """The median tokens/s and ms/step over the runs that succeeded, the largest peak memory, every
+    run's tokens/s; the first failure's status when none succeeded."""
+    ok = [r for r in recs if r["status"] == "ok"]
+    if not ok:
+        return {"status": recs[0]["status"], "runs": len(recs)}
+    out = {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in ok),
+           "ms_per_step": statistics.median(r["ms_per_step"] for r in ok),
+           "runs_tokens_per_s": [r["tokens_per_s"] for r in ok], "runs": len(recs), "status": "ok"}
+    if any("peak_mem_gb" in r for r in ok):
+        out["peak_mem_gb"] = max(r.get("peak_mem_gb", 0) for r in ok)
+    if len(ok) < len(recs):
+        out["failed_runs"] = [r["status"] for r in recs if r["status"] != "ok"]
+    return out
 
 
 def bench_train(args, device, results, save):
@@ -280,13 +354,23 @@ def print_tables(results, sections=("prefill", "decode", "train")):
                    for a in ("orthros", "swa")]
             print(f"{s['T']:>7} | " + " | ".join(cells) + " | " + " | ".join(f"{c:>24}" for c in spd))
     if "decode" in sections and results["decode"]:
-        print("\nDecode with the KV cache (tokens/s; peak GB during decoding)")
-        print(f"{'ctx':>7} {'batch':>5} | " + " | ".join(f"{a:>20}" for a in MODELS))
+        print("\nDecode, tokens/s (median of the interleaved runs) [fraction of the HBM-bandwidth limit]; "
+              "naive = model.decode with the KVCache, fast = engine.FastDecoder")
+        rows = {(r["attn"], r["decoder"], r["ctx"], r["batch"]): r for r in results["decode"]}
+        print(f"{'ctx':>7} {'batch':>5} | " + " | ".join(f"{a + ' naive':>18} {a + ' fast':>18}" for a in MODELS)
+              + f" | {'orthros/transformer naive, fast':>31} | peak GB, fast")
         for ctx, B in dict.fromkeys((r["ctx"], r["batch"]) for r in results["decode"]):
-            cells = [next((f"{fmt(r, 'tokens_per_s', '{:.0f}'):>10} {fmt(r, 'peak_mem_gb', '({:.1f})'):>9}"
-                           for r in results["decode"] if (r["attn"], r["ctx"], r["batch"]) == (a, ctx, B)), "-")
-                     for a in MODELS]
-            print(f"{ctx:>7} {B:>5} | " + " | ".join(f"{c:>20}" for c in cells))
+            cells, tps = [], {}
+            for a in MODELS:
+                for d in DECODERS:
+                    r = rows.get((a, d, ctx, B), {})
+                    tps[a, d] = r.get("tokens_per_s")
+                    cells.append(f"{fmt(r, 'tokens_per_s', '{:.0f}'):>10} {fmt(r, 'hbm_fraction', '[{:.0%}]'):>7}")
+            ratios = [f"{tps['orthros', d] / tps['transformer', d]:.2f}" if tps["orthros", d] and tps["transformer", d] else "-"
+                      for d in DECODERS]
+            peaks = " ".join(fmt(rows.get((a, "fast", ctx, B), {}), "peak_mem_gb", "{:.1f}") for a in MODELS)
+            print(f"{ctx:>7} {B:>5} | " + " | ".join(f"{cells[2 * i]} {cells[2 * i + 1]}" for i in range(len(MODELS)))
+                  + f" | {', '.join(ratios):>31} | {peaks}")
     if "train" in sections and results["train"]:
         print("\nTraining step (forward + backward + AdamW, bf16 autocast, fp32 weights)")
         print(f"{'model':>11} | {'T':>6} {'batch':>5} | {'ms/step':>9} {'tokens/s':>10} {'TFLOP/step':>10} {'MFU':>7} {'peak GB':>8} {'compiled':>8}")
@@ -296,25 +380,21 @@ def print_tables(results, sections=("prefill", "decode", "train")):
                   f"{tflop:>10} {fmt(r, 'mfu', '{:.1%}'):>7} {fmt(r, 'peak_mem_gb', '{:.2f}'):>8} {fmt(r, 'compiled', '{}'):>8}")
 
 
-def git_commit():
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
-                                text=True, timeout=10).stdout.strip() or None
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True,
-                               text=True, timeout=10).stdout.strip() != ""
-        return commit, dirty
-    except Exception:
-        return None, None
-
-
-def save_plot(results, path):
+def _pyplot(path):
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        return plt
     except ImportError:
         print(f"NOTE: matplotlib is not installed; no plot written to {path}", flush=True)
+        return None
+
+
+def save_prefill_plot(results, path):
+    """Prefill time against prompt length, log-log, one line per model."""
+    plt = _pyplot(path)
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for attn in MODELS:
@@ -327,15 +407,41 @@ def save_plot(results, path):
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}", flush=True)
+
+
+def save_decode_plot(results, path):
+    """Decode tokens/s for each (ctx, batch): one bar per model and decoder (hatched: naive), log y."""
+    plt = _pyplot(path)
+    if plt is None:
+        return
+    groups = list(dict.fromkeys((r["ctx"], r["batch"]) for r in results["decode"]))
+    tps = {(r["attn"], r["decoder"], r["ctx"], r["batch"]): r.get("tokens_per_s") for r in results["decode"]}
+    fig, ax = plt.subplots(figsize=(1.6 * len(groups) + 2, 4.5))
+    width = 0.8 / (len(MODELS) * len(DECODERS))
+    for i, (attn, dec) in enumerate((a, d) for a in MODELS for d in DECODERS):
+        xs = [g + (i + 0.5) * width - 0.4 for g in range(len(groups))]
+        ys = [tps.get((attn, dec) + grp) or 0 for grp in groups]
+        ax.bar(xs, ys, width, color=f"C{MODELS.index(attn)}", hatch="//" if dec == "naive" else None,
+               edgecolor="white" if dec == "naive" else None, label=f"{attn}, {dec}")
+    ax.set_xticks(range(len(groups)), [f"{c // 1024}K x {b}" if c >= 1024 else f"{c} x {b}" for c, b in groups])
+    ax.set(yscale="log", xlabel="context x batch", ylabel="tokens/s",
+           title="Decode speed: naive KV cache (hatched) vs FastDecoder")
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.15))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
     print(f"wrote {path}", flush=True)
 
 
 # -----------------------------------------------------------------------------
 
-def parse_args():
+def parse_args(argv=None):
     ints = lambda s: [int(x) for x in s.split(",") if x]
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                    help="weight dtype for prefill and decode (training always uses fp32 weights + bf16 autocast)")
     p.add_argument("--n_layer", type=int, default=12, help="layers")
@@ -344,40 +450,53 @@ def parse_args():
     p.add_argument("--vocab_size", type=int, default=50304, help="vocabulary size")
     p.add_argument("--window", type=int, default=128, help="sliding window w (orthros and swa)")
     p.add_argument("--batch", type=int, default=1, help="batch size of the prefill section")
-    p.add_argument("--prefill_lens", default="8192,16384,32768,65536,131072,262144", help="comma-separated prompt lengths")
-    p.add_argument("--decode_ctx", default="4096,32768", help="comma-separated context lengths for decoding")
+    p.add_argument("--prefill_lens", default="8192,16384,32768,65536,131072,262144,524288,1048576,2097152",
+                   help="comma-separated prompt lengths (those that do not fit in memory are recorded as OOM)")
+    p.add_argument("--long_T", type=int, default=262144, help="prompts longer than this run --long_reps times after --long_warmup warm-ups")
+    p.add_argument("--long_reps", type=int, default=1, help="timed repetitions for prompts longer than --long_T")
+    p.add_argument("--long_warmup", type=int, default=0,
+                   help="warm-up calls for prompts longer than --long_T (the shorter lengths have already warmed the kernels)")
+    p.add_argument("--decode_ctx", default="4096,32768,131072", help="comma-separated context lengths for decoding")
     p.add_argument("--decode_batches", default="1,8", help="comma-separated decode batch sizes")
-    p.add_argument("--decode_steps", type=int, default=50, help="timed decode steps per (ctx, batch)")
+    p.add_argument("--decode_steps", type=int, default=50, help="timed decode steps per run")
+    p.add_argument("--decode_reps", type=int, default=3, help="interleaved runs per (model, decoder, ctx, batch); the median is reported")
+    p.add_argument("--hbm_tbps", type=float, default=4.8, help="HBM bandwidth in TB/s for hbm_fraction (H200: 4.8)")
     p.add_argument("--train_T", type=int, default=2048, help="training sequence length")
     p.add_argument("--train_batch", type=int, default=8, help="training batch size")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions (median) for prefill and training")
     p.add_argument("--warmup", type=int, default=2, help="untimed warmup calls before each timing")
     p.add_argument("--peak_tflops", type=float, default=989.0, help="peak bf16 dense TFLOP/s for MFU (H100/H200: 989)")
     p.add_argument("--sections", default="prefill,decode,train", help="comma-separated subset of prefill,decode,train")
-    p.add_argument("--compile", action="store_true", help="torch.compile every block of every model (model.compile_blocks()) in all sections")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile every block of every model (model.compile_blocks()) in all sections, "
+                        "and each layer of the fast decoder's step (FastDecoder(compile=True))")
     p.add_argument("--out_json", default="bench_results.json", help="where to write every figure")
     p.add_argument("--out_png", default="bench_prefill.png", help="prefill plot (needs matplotlib); '' for none")
+    p.add_argument("--out_decode_png", default="bench_decode.png", help="decode plot (needs matplotlib); '' for none")
     p.add_argument("--tiny", action="store_true", help="small preset for a CPU smoke run: " + str(TINY))
-    args, _ = p.parse_known_args()
+    args, _ = p.parse_known_args(argv)
     if args.tiny:
         p.set_defaults(**TINY)  # flags given explicitly still win over the preset
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.prefill_lens, args.decode_ctx, args.decode_batches = map(ints, (args.prefill_lens, args.decode_ctx, args.decode_batches))
     args.sections = [s for s in args.sections.split(",") if s]
-    if min([args.reps, args.decode_steps, args.batch, args.train_batch, args.train_T] + args.prefill_lens
-           + args.decode_ctx + args.decode_batches) < 1 or args.warmup < 0:
-        p.error("lengths, batch sizes, --reps and --decode_steps must be >= 1, --warmup >= 0")
+    if min([args.reps, args.long_reps, args.decode_steps, args.decode_reps, args.batch, args.train_batch, args.train_T]
+           + args.prefill_lens + args.decode_ctx + args.decode_batches) < 1 or min(args.warmup, args.long_warmup) < 0:
+        p.error("lengths, batch sizes, --reps, --long_reps, --decode_steps and --decode_reps must be >= 1, "
+                "--warmup and --long_warmup >= 0")
+    try:
+        args.device = pick_device(args.device)
+    except ValueError as e:
+        p.error(str(e))
     unknown = set(args.sections) - {"prefill", "decode", "train"}
     if unknown:
         p.error(f"unknown sections {sorted(unknown)}: choose from prefill,decode,train")
     return args
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    args = parse_args(argv)
     device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda, but CUDA is not available: use --device cpu")
     args.dtype = getattr(torch, args.dtype)
     # Long enough for every prompt, every decode run (prompt + warmup + timed steps), and training.
     args.max_seq_len = max(args.prefill_lens + [c + args.warmup + args.decode_steps for c in args.decode_ctx] + [args.train_T])
@@ -385,19 +504,14 @@ def main():
     if args.compile:  # three models x prefill/decode/train shapes: more graphs than the default limit of 8
         torch._dynamo.config.recompile_limit = 64
         torch._dynamo.config.accumulated_recompile_limit = 1024
-    commit, dirty = git_commit()
     results = {
-        "meta": {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                 "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                 "torch": torch.__version__, "cuda": torch.version.cuda, "git_commit": commit, "git_dirty": dirty},
+        "meta": run_meta(device),
         "args": {k: str(v) if isinstance(v, torch.dtype) else v for k, v in vars(args).items()},
         "prefill": [], "prefill_speedup": [], "decode": [], "train": [],
     }
 
-    def save():  # write to a temporary file first: a run killed mid-write keeps the last good JSON
-        with open(args.out_json + ".tmp", "w") as f:
-            json.dump(results, f, indent=1)
-        os.replace(args.out_json + ".tmp", args.out_json)
+    def save():  # atomic: a run killed mid-write keeps the last good JSON
+        atomic_write(args.out_json, lambda f: json.dump(results, f, indent=1), mode="w")
 
     print(f"{results['meta']}\nmodel: {args.n_layer} layers, n_embd={args.n_embd}, {args.n_head} heads, window={args.window}, "
           f"vocab={args.vocab_size}, {args.dtype}; sections {args.sections}", flush=True)
@@ -417,7 +531,10 @@ def main():
     save()
     print(f"\nwrote {args.out_json}", flush=True)
     if args.out_png and results["prefill"]:
-        save_plot(results, args.out_png)
+        save_prefill_plot(results, args.out_png)
+    if args.out_decode_png and results["decode"]:
+        save_decode_plot(results, args.out_decode_png)
+    return results
 
 
 if __name__ == "__main__":

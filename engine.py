@@ -1,0 +1,259 @@
+"""
+A fast decoder for Orthros and its baselines: the same math as the naive KVCache decoder in
+orthros.py (Orthros.prefill / Orthros.decode), with a preallocated cache and a captured step.
+
+The naive decoder grows its cache by concatenation (every step copies the whole cache) and
+launches a few hundred small kernels per token from Python. FastDecoder instead:
+  - keeps, per layer, K and V of shape (B, H, max_len, D) (and the conv state, if any),
+    allocated once and written in place: the new token's K, V go to row `pos`, a device tensor;
+  - reads only the valid prefix of the cache, rounded up to a bucket (bucket_len), and masks
+    the rows past it: within a bucket a step's shapes, and so its captured graph, stay fixed;
+  - computes both twins' attention in one pass (decode_attention): the queries (B, H, 2, D) of
+    the base and the output twin meet every key once (q @ K^T), row 0 (base twin) is masked to
+    its window, row 1 (output twin) sees all keys; softmax in float32; @ V;
+  - on CUDA, replays the step as a CUDA graph per bucket (compile=True: each layer is fused by
+    torch.compile first). On CPU the same code runs eagerly; the tests compare it there.
+results/h200/probe_decode_NOTE.md compares this attention with one SDPA call per twin (3-16x
+slower on an H200: SDPA's masked single-query kernel does not split the keys across the GPU).
+
+    decoder = FastDecoder(model, batch_size=B, max_len=T + max_new_tokens)
+    logits, cache = decoder.prefill(idx)              # like model.prefill(idx)
+    logits, cache = decoder.decode(next_idx, cache)   # like model.decode(next_idx, cache)
+    model.generate_tokens(idx, max_new_tokens, decoder=decoder)   # the model's decode loop
+"""
+
+import torch
+
+from orthros import apply_rope, causal_depthwise_conv, rope_cos_sin
+
+
+def bucket_len(n, chunk=256):
+    """How many cache rows a step with n valid keys reads: n rounded up to a multiple of
+    g = max(chunk, a power of two <= n / 64). So a step reads at most max(chunk, n/64) rows too
+    many (1.6%), and a context that doubles crosses at most 64 buckets (graphs)."""
+    g = max(chunk, 1 << max((n - 1).bit_length() - 7, 0))
+    return -(-n // g) * g
+
+
+def key_masks(pos, n_keys, window):
+    """Additive masks (0 = attend, -inf = not) over the first n_keys cache rows for the token
+    at position pos (a (1,) tensor): (2, n_keys) float32, row 0 for the base twin (eq. 4: keys
+    pos-w+1 .. pos; all keys <= pos without a window), row 1 for the output twin (eq. 5: keys
+    0 .. pos). NOTE: built from positions: SDPA's is_causal would align a single query with
+    the first key, not the last."""
+    k_pos = torch.arange(n_keys, device=pos.device)
+    full = k_pos <= pos                                      # (n_keys,)
+    base = full & (pos - k_pos < window) if window is not None else full
+    hidden = torch.full((), float("-inf"), device=pos.device)
+    return torch.where(torch.stack([base, full]), 0.0, hidden)
+
+
+def window_rows(pos, window):
+    """The cache rows of the window of the token at position pos: (rows (w,), additive mask
+    (1, w)). Rows before position 0 are clamped to row 0 and masked out."""
+    k_pos = pos - window + 1 + torch.arange(window, device=pos.device)
+    return k_pos.clamp(min=0), torch.where(k_pos >= 0, 0.0, float("-inf"))[None]
+
+
+def _scores(q, k):
+    """q @ k^T in at least float32: (B, H, L, D) x (B, H, S, D) -> (B, H, L, S).
+    NOTE: bf16 scores would be rounded to ~3 digits before the softmax (a score of 10 off by
+    0.04 changes its weight by 4%); cuBLAS accumulates in float32 and can write float32."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return q @ k.transpose(-1, -2)
+    if not q.is_cuda:  # the CPU has no float32-output bmm; upcasting costs nothing that matters there
+        return q.float() @ k.float().transpose(-1, -2)
+    B, H, L, D = q.shape
+    out = torch.bmm(q.reshape(B * H, L, D), k.reshape(B * H, -1, D).transpose(1, 2), out_dtype=torch.float32)
+    return out.view(B, H, L, -1)
+
+
+def attend(q, k, v, mask):
+    """Attention of queries q: (B, H, L, D) over k, v: (B, H, S, D) with the additive mask
+    (L, S); softmax in float32. Returns (B, H, L, D). Every row keeps at least its own key."""
+    scores = torch.add(mask, _scores(q, k), alpha=q.size(-1) ** -0.5)     # mask + QK^T / sqrt(D)
+    return torch.softmax(scores, dim=-1).to(v.dtype) @ v
+
+
+def decode_attention(q, k_cache, v_cache, masks, window):
+    """Alg. 1, lines 8-9 for one new token: q (B, H, L, D), L = 2 for Orthros (row 0 the base
+    twin, eq. 4; row 1 the output twin, eq. 5) or 1; k_cache, v_cache (B, H, max_len, D);
+    masks (2, n_keys) from key_masks; window: (rows, mask) from window_rows, or None.
+    Both twins in one pass over the bucket: q @ K^T reads each key once for both rows, and row 0
+    is masked to its window. Only SWA reads its window by rows (gathered), not the bucket."""
+    if window is not None and q.size(2) == 1:   # SWA: a lone windowed query needs only w keys
+        rows, mask = window
+        return attend(q, k_cache.index_select(2, rows), v_cache.index_select(2, rows), mask)
+    n_keys = masks.size(1)
+    return attend(q, k_cache[:, :, :n_keys], v_cache[:, :, :n_keys], masks[:q.size(2)])
+
+
+def decode_layer(block, z, cache, q_affine, pos, rope, masks, window):
+    """One Block (Alg. 2, lines 4-7) for one new token over the static cache: the same math as
+    Block.forward and OrthrosAttention.forward with the naive cache.
+    z: (B, L, C), L = 2 (base twin, output twin) for Orthros, 1 for the baselines.
+    cache: this layer's (k (B, H, max_len, D), v, conv state (B, K-1, C) or None), updated in place.
+    q_affine: the scale-offsets stacked per twin, (alpha (2, C), beta (2, C)), or None.
+    pos: (1,) the token's position; rope: (cos, sin) at pos; masks, window: see decode_attention."""
+    attn = block.attn
+    k_cache, v_cache, conv_state = cache
+    B, L, C = z.shape
+    H, D = attn.n_head, attn.head_dim
+    h = block.ln_1(z)
+    x = h[:, :1]                                          # Alg. 1, line 3: the base twin
+    if conv_state is not None:                            # the optional short convolution
+        x, new_state = causal_depthwise_conv(x, attn.conv, conv_state)
+        conv_state.copy_(new_state)
+    k, v = attn.c_k(x), attn.c_v(x)                       # Alg. 1, line 4: K, V from the base twin
+    q = attn.c_q(h)                                       # Alg. 1, line 5: one W_Q, then each twin's
+    if q_affine is not None:                              # alpha * q + beta (one kernel for both)
+        q = torch.addcmul(q_affine[1], q_affine[0], q)
+    cos, sin = rope                                       # Alg. 1, lines 6-7; both twins sit at pos
+    q = apply_rope(q.view(B, L, H, D).transpose(1, 2), cos, sin)            # (B, H, L, D)
+    k = apply_rope(k.view(B, 1, H, D).transpose(1, 2), cos, sin)            # (B, H, 1, D)
+    k_cache.index_copy_(2, pos, k)                        # the base twin joins the cache, in place
+    v_cache.index_copy_(2, pos, v.view(B, 1, H, D).transpose(1, 2))
+    y = decode_attention(q, k_cache, v_cache, masks, window)                # (B, H, L, D)
+    z = z + attn.c_proj(y.transpose(1, 2).reshape(B, L, C))                 # Alg. 1, lines 10-12
+    return z + block.mlp(block.ln_2(z))
+
+
+class StaticKVCache:
+    """The fast decoder's cache for B sequences, allocated once for max_len positions.
+    Per layer l: k[l], v[l] of shape (B, n_head, max_len, head_dim), keys (after RoPE) and
+    values; conv[l] (B, conv_kernel - 1, n_embd) or None. Rows >= length hold zeros or stale
+    values: they are masked out (and must stay finite: they are multiplied by a weight of 0)."""
+
+    def __init__(self, config, batch_size, max_len, device, dtype):
+        H, D, n = config.n_head, config.n_embd // config.n_head, config.n_layer
+        zeros = lambda *shape: torch.zeros(*shape, device=device, dtype=dtype)
+        with torch.inference_mode(False):  # normal tensors: writable in and out of inference mode
+            self.k = [zeros(batch_size, H, max_len, D) for _ in range(n)]
+            self.v = [zeros(batch_size, H, max_len, D) for _ in range(n)]
+            self.conv = [zeros(batch_size, config.conv_kernel - 1, config.n_embd) if config.conv_kernel else None
+                         for _ in range(n)]
+        self.batch_size, self.max_len = batch_size, max_len
+        self.length = 0  # valid positions
+
+
+class FastDecoder:
+    """prefill/decode like the model's own, over a StaticKVCache, with a CUDA graph per bucket.
+
+    model: an Orthros in eval mode, on its device and dtype. batch_size, max_len: the cache's
+    size (max_len <= model.config.max_seq_len; default: that). cuda_graphs: capture the step
+    (default: on CUDA). compile: torch.compile each layer first. chunk: see bucket_len.
+    NOTE: the step reads the weights where they are; the scale-offsets are copied (stacked per
+    twin) at each prefill(), so change weights only between generations.
+    """
+
+    def __init__(self, model, batch_size, max_len=None, cuda_graphs=None, compile=False, chunk=256):
+        cfg = model.config
+        max_len = cfg.max_seq_len if max_len is None else max_len
+        if not 1 <= max_len <= cfg.max_seq_len:
+            raise ValueError(f"max_len must be in 1..max_seq_len={cfg.max_seq_len}, got {max_len}; "
+                             "build the model with a larger max_seq_len to decode further")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        device, dtype = model.wte.weight.device, model.wte.weight.dtype
+        self.model, self.chunk = model, chunk
+        self.orthros = cfg.attn == "orthros"
+        self.window = None if cfg.attn == "transformer" else cfg.window
+        self.gather_window = cfg.attn == "swa"  # read the window by its rows (else: the masked bucket)
+        self.cache = StaticKVCache(cfg, batch_size, max_len, device, dtype)
+        with torch.inference_mode(False):
+            self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # the step's input
+            self.pos = torch.zeros(1, dtype=torch.long, device=device)                # ... and its position
+            self.q_affine = [(torch.empty(2, cfg.n_embd, device=device, dtype=dtype),
+                              torch.empty(2, cfg.n_embd, device=device, dtype=dtype))
+                             if block.attn.scale_offset else None for block in model.blocks]
+        self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self.layer = torch.compile(decode_layer, fullgraph=True, dynamic=True) if compile else decode_layer
+        self.graphs = {}  # n_keys -> (CUDAGraph, its static logits)
+        self.pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None  # shared by all buckets
+
+    @torch.no_grad()
+    def prefill(self, idx):
+        """Run the prompt idx: (B, T) with the model's own prefill, then copy its keys, values
+        and conv state into the static cache. Returns logits (B, 1, vocab) and the cache."""
+        cache = self.cache
+        if idx.dim() != 2 or idx.size(0) != cache.batch_size:
+            raise ValueError(f"prefill got idx of shape {tuple(idx.shape)}; this decoder was built for "
+                             f"batch_size={cache.batch_size}: pass (batch_size, T) token ids")
+        T = idx.size(1)
+        if T > cache.max_len:
+            raise ValueError(f"prompt of {T} tokens does not fit max_len={cache.max_len}")
+        logits, naive = self.model.prefill(idx)
+        for l, block in enumerate(self.model.blocks):
+            cache.k[l][:, :, :T].copy_(naive.k[l])
+            cache.v[l][:, :, :T].copy_(naive.v[l])
+            if cache.conv[l] is not None:
+                cache.conv[l].copy_(naive.conv[l])
+            if self.q_affine[l] is not None:
+                attn = block.attn
+                self.q_affine[l][0].copy_(torch.stack([attn.alpha, attn.alpha_out]))
+                self.q_affine[l][1].copy_(torch.stack([attn.beta, attn.beta_out]))
+        cache.length = T
+        return logits, cache
+
+    @torch.no_grad()
+    def decode(self, next_idx, cache):
+        """Append one token per sequence, next_idx: (B,) or (B, 1), at position cache.length.
+        Returns the logits (B, 1, vocab) for the following token, and the cache."""
+        self._check(next_idx, cache)
+        self.token.copy_(next_idx.reshape(-1, 1))
+        self.pos.fill_(cache.length)
+        n_keys = min(bucket_len(cache.length + 1, self.chunk), cache.max_len)
+        if self.cuda_graphs:
+            graph, logits = self._graph(n_keys)
+            graph.replay()
+            logits = logits.clone()  # the graph overwrites its output at the next replay
+        else:
+            logits = self._step(n_keys)
+        cache.length += 1
+        return logits, cache
+
+    def _check(self, next_idx, cache):
+        if cache is not self.cache:
+            raise ValueError("this cache was not made by this decoder's prefill(); call decoder.prefill(prompt) first")
+        if cache.length == 0:
+            raise ValueError("the cache is empty: call decoder.prefill(prompt) before decode()")
+        if next_idx.numel() != cache.batch_size:
+            raise ValueError(f"decode got {next_idx.numel()} tokens for a cache of batch size {cache.batch_size}: "
+                             "pass exactly one token per sequence")
+        if cache.length >= cache.max_len:
+            raise ValueError(f"cannot decode past max_len={cache.max_len}: build the FastDecoder with a larger max_len")
+
+    def _step(self, n_keys):
+        """One decode step for self.token at position self.pos, reading cache rows < n_keys.
+        Only tensor operations on fixed shapes: a CUDA graph can replay it."""
+        model, cfg = self.model, self.model.config
+        x = model.wte(self.token)                                       # (B, 1, C)
+        z = torch.cat([x, x], dim=1) if self.orthros else x             # Alg. 2, line 2: the two twins
+        rope = rope_cos_sin(self.pos, cfg.n_embd // cfg.n_head, cfg.rope_base, x.dtype)
+        masks = key_masks(self.pos, n_keys, self.window)                # (2, n_keys)
+        window = window_rows(self.pos, cfg.window) if self.gather_window else None
+        c = self.cache
+        for block, k, v, conv, q_affine in zip(model.blocks, c.k, c.v, c.conv, self.q_affine):
+            z = self.layer(block, z, (k, v, conv), q_affine, self.pos, rope, masks, window)
+        return model.lm_head(model.ln_f(z[:, -1:]))                     # Alg. 2, lines 9-10
+
+    def _graph(self, n_keys):
+        """The CUDA graph of _step(n_keys), captured at first use."""
+        if n_keys not in self.graphs:
+            convs = [c for c in self.cache.conv if c is not None]
+            saved = [c.clone() for c in convs]
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # warm-up outside the graph: compilation, cuBLAS set-up
+                for _ in range(2):
+                    self._step(n_keys)
+                    # NOTE: a step shifts the conv state: undo it (the K, V it wrote at row pos
+                    # are written again by the replay).
+                    for c, s in zip(convs, saved):
+                        c.copy_(s)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                logits = self._step(n_keys)
+            self.graphs[n_keys] = (graph, logits)
+        return self.graphs[n_keys]
