@@ -5,7 +5,9 @@ Generate text from a trained checkpoint with the KV-cache decoder (prefill, then
     python sample.py --prompt_file prompt.txt --num_samples 3 --temperature 0.8 --top_k 50
     python sample.py --ckpt out/small-transformer/ckpt_best.pt --prompt "import os" --temperature 0
 
-Without --ckpt it loads the newest checkpoint under --out_dir (default: out/). Prompts are
+On a GPU it decodes with engine.py's fast decoder (a static cache and CUDA graphs; --decoder
+naive for orthros.py's readable one). Without --ckpt it loads the newest checkpoint under
+--out_dir (default: out/). Prompts are
 encoded with the tokenizer recorded in the checkpoint. Generation stops where every sample has
 produced the end token (--no_stop continues past it), or after --max_new_tokens (default: 200,
 or as many as fit in the model's max_seq_len). It prints the time to first token (the prefill)
@@ -22,6 +24,7 @@ import torch
 from checkpoint import find_latest_checkpoint, load_checkpoint, model_from_checkpoint
 from common import ArgumentParser, pick_device, sync
 from data.tokenizer import get_tokenizer
+from engine import FastDecoder
 
 
 def parse_args(argv):
@@ -41,6 +44,9 @@ def parse_args(argv):
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     parser.add_argument("--warmup", action="store_true",
                         help="run the prompt once before timing (first-call costs, e.g. kernel compilation, excluded)")
+    parser.add_argument("--decoder", default="auto", choices=["auto", "naive", "fast"],
+                        help="naive: the model's concatenating KV cache (orthros.py); fast: engine.py's static cache "
+                             "and CUDA graphs; auto: fast on CUDA, else naive")
     parser.add_argument("--json", action="store_true", help="end with one JSON line: timings and the samples")
     args = parser.parse_args(argv)
     if (args.prompt is None) == (args.prompt_file is None):
@@ -95,15 +101,17 @@ def main(argv=None):
     print(f"loaded {path} (step {ckpt['step']}, {ckpt['model_config']['attn']}, {ckpt['tokenizer']} tokenizer) on {device}")
 
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)
-    if args.warmup:
-        for _ in model.generate_tokens(idx, min(3, new_tokens), temperature=0):
+    decoder_name = args.decoder if args.decoder != "auto" else ("fast" if device.startswith("cuda") else "naive")
+    decoder = FastDecoder(model, args.num_samples, max_len=len(ids) + new_tokens) if decoder_name == "fast" else None
+    if args.warmup:  # the first call's costs: kernel compilation, graph capture
+        for _ in model.generate_tokens(idx, min(3, new_tokens), temperature=0, decoder=decoder):
             pass
     torch.manual_seed(args.seed)
     # The model's own decode loop yields one token per step: the first after prefill (TTFT).
     rows, ended = [], torch.zeros(args.num_samples, dtype=torch.bool, device=device)
     sync(device)
     t0 = time.perf_counter()
-    for step, next_idx in enumerate(model.generate_tokens(idx, new_tokens, args.temperature, args.top_k)):
+    for step, next_idx in enumerate(model.generate_tokens(idx, new_tokens, args.temperature, args.top_k, decoder)):
         rows.append(next_idx)
         if step == 0:
             sync(device)
@@ -126,11 +134,12 @@ def main(argv=None):
     n_decoded = (len(rows) - 1) * args.num_samples
     speed = n_decoded / decode_time if n_decoded else None
     print(f"prompt {len(ids)} tokens; time to first token {ttft * 1000:.1f} ms; decode "
-          + (f"{speed:,.1f} tokens/s" if speed else "n/a") + f" (batch {args.num_samples}, {len(rows)} steps)")
+          + (f"{speed:,.1f} tokens/s" if speed else "n/a") + f" (batch {args.num_samples}, {len(rows)} steps, "
+          f"{decoder_name} decoder)")
     if args.json:
         print(json.dumps({"ckpt": str(path), "device": device, "prompt_tokens": len(ids), "batch": args.num_samples,
                           "new_tokens": len(rows), "ttft_ms": ttft * 1000, "decode_tokens_per_s": speed,
-                          "decoder": "naive", "samples": texts}))
+                          "decoder": decoder_name, "samples": texts}))
 
 
 if __name__ == "__main__":
