@@ -193,7 +193,7 @@ def random_tokens(args, batch, T, device):
 # The three sections. Each appends records (dicts) to results[section] and calls save().
 
 def bench_prefill(args, device, results, save):
-    for attn in MODELS:
+    for attn in args.models:
         model = build_model(args, attn, args.dtype, device).eval()
         oom_T = float("inf")  # the shortest prompt that ran out of memory
         for T in args.prefill_lens:
@@ -348,7 +348,7 @@ def print_tables(results, sections=("prefill", "decode", "train")):
               "limit with the LM head on every token]")
         print(f"{'T':>7} | " + " | ".join(f"{a:>20}" for a in MODELS) + f" | {'orthros x [limit; all]':>24} | {'swa x [limit; all]':>24}")
         for s in results["prefill_speedup"]:
-            cells = [f"{fmt(rows[(a, s['T'])], 'ms', '{:.2f}'):>10} {fmt(rows[(a, s['T'])], 'peak_mem_gb', '({:.1f})'):>9}"
+            cells = [f"{fmt(rows.get((a, s['T']), {}), 'ms', '{:.2f}'):>10} {fmt(rows.get((a, s['T']), {}), 'peak_mem_gb', '({:.1f})'):>9}"
                      for a in MODELS]
             spd = [f"{fmt(s, f'{a}_speedup', '{:.2f}x'):>6} [{s[f'{a}_flop_limit']:.1f}; {s[f'{a}_flop_limit_lm_head_all_tokens']:.1f}]"
                    for a in ("orthros", "swa")]
@@ -466,6 +466,7 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=5, help="timed repetitions (median) for prefill and training")
     p.add_argument("--warmup", type=int, default=2, help="untimed warmup calls before each timing")
     p.add_argument("--peak_tflops", type=float, default=989.0, help="peak bf16 dense TFLOP/s for MFU (H100/H200: 989)")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated models for the prefill section")
     p.add_argument("--sections", default="prefill,decode,train", help="comma-separated subset of prefill,decode,train")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile every block of every model (model.compile_blocks()) in all sections, "
@@ -480,6 +481,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.prefill_lens, args.decode_ctx, args.decode_batches = map(ints, (args.prefill_lens, args.decode_ctx, args.decode_batches))
     args.sections = [s for s in args.sections.split(",") if s]
+    args.models = [m for m in args.models.split(",") if m]
+    if not args.models or set(args.models) - set(MODELS):
+        p.error(f"--models takes a comma-separated subset of {','.join(MODELS)}, got {','.join(args.models)!r}")
     if min([args.reps, args.long_reps, args.decode_steps, args.decode_reps, args.batch, args.train_batch, args.train_T]
            + args.prefill_lens + args.decode_ctx + args.decode_batches) < 1 or min(args.warmup, args.long_warmup) < 0:
         p.error("lengths, batch sizes, --reps, --long_reps, --decode_steps and --decode_reps must be >= 1, "
