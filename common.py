@@ -69,9 +69,13 @@ def atomic_write(path, write, mode="wb"):
 
 
 def git_state():
-    """(commit, clean): the checked-out commit and whether the tree has no uncommitted changes.
-    Where there is no git checkout (a copied tree), the environment variables ORTHROS_GIT_COMMIT
-    and ORTHROS_GIT_CLEAN (1 or 0) may say it; otherwise (None, None)."""
+    """(commit, clean): the checked-out commit and whether the tracked files have no uncommitted
+    changes. The environment variables ORTHROS_GIT_COMMIT and ORTHROS_GIT_CLEAN (1 or 0), where
+    set, say it instead: for a copy of the tree that has no .git of its own, or a stale one (as on
+    a machine the tree was sent to). Without either, (None, None)."""
+    if os.environ.get("ORTHROS_GIT_COMMIT"):
+        clean = os.environ.get("ORTHROS_GIT_CLEAN")
+        return os.environ["ORTHROS_GIT_COMMIT"], (clean == "1") if clean in ("0", "1") else None
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                                 text=True, timeout=10).stdout.strip()
@@ -81,8 +85,7 @@ def git_state():
             return commit, status == ""
     except (OSError, subprocess.SubprocessError):
         pass
-    clean = os.environ.get("ORTHROS_GIT_CLEAN")
-    return os.environ.get("ORTHROS_GIT_COMMIT"), (clean == "1") if clean in ("0", "1") else None
+    return None, None
 
 
 def run_meta(device="cpu"):

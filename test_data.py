@@ -340,3 +340,15 @@ def test_readme_install_block_installs_what_the_tests_need():
     ci = [line.strip() for line in (root / ".ci" / "run").read_text().splitlines() if line.strip().startswith("python")]
     assert lines[-1] == ci[-1] == "python -m pytest -q"
     assert "python data/get_gpt2_bpe.py" in ci
+
+
+def test_run_metadata_names_the_commit_given_by_the_environment(monkeypatch):
+    """ORTHROS_GIT_COMMIT / ORTHROS_GIT_CLEAN override what git says (a copied tree's .git may be stale)."""
+    from common import git_state, run_meta
+    monkeypatch.setenv("ORTHROS_GIT_COMMIT", "abc1234")
+    monkeypatch.setenv("ORTHROS_GIT_CLEAN", "1")
+    assert git_state() == ("abc1234", True)
+    assert run_meta()["git_commit"] == "abc1234" and run_meta()["git_clean"] is True
+    monkeypatch.delenv("ORTHROS_GIT_COMMIT")
+    commit, clean = git_state()
+    assert commit is None or isinstance(clean, bool)
