@@ -17,6 +17,7 @@ import argparse
 import inspect
 import os
 import sys
+import textwrap
 
 from exercises import framework
 from exercises.framework import ORDER, load
@@ -86,7 +87,8 @@ def hint(n, k):
     spec, _ = load(n, solution=True)
     if not 1 <= k <= len(spec.HINTS):
         sys.exit(f"exercise {n} has hints 1 to {len(spec.HINTS)}")
-    print(f"Exercise {n}, {spec.TITLE}: hint {k} of {len(spec.HINTS)}\n\n{spec.HINTS[k - 1]}")
+    text = "\n".join(textwrap.fill(line, 100, subsequent_indent="    ") for line in spec.HINTS[k - 1].splitlines())
+    print(f"Exercise {n}, {spec.TITLE}: hint {k} of {len(spec.HINTS)}\n\n{text}")
     if k < len(spec.HINTS):
         print(f"\nThe next one: python -m exercises hint {n} {k + 1}")
 
@@ -126,12 +128,14 @@ def run_checks(which, use_solution, runs):
             continue
         result = framework.check(spec, impl, runs=runs)
         head = f"exercise {n}, {spec.TITLE}: {result.status}"
-        print(f"{head}  ({result.seconds:.1f} s)" + (f"\n{result.message}" if result.message else ""))
+        print(f"{head}  ({result.seconds:.2f} s)" + (f"\n{result.message}" if result.message else ""))
         if result.status == "FAIL":
             print(f"  Stuck? python -m exercises hint {n}")
         failed += result.status != "PASS"
         if len(which) > 1:
             print()
+    if len(which) > 1:
+        print(f"{len(which) - failed} of {len(which)} PASS")
     return 1 if failed else 0
 
 

@@ -18,10 +18,11 @@ HINTS = [
     "Two conditions, combined with &: the key is not in the future (k_pos <= q_pos), and, when there "
     "is a window, it is one of the w most recent positions. Query t sees keys t-w+1 ... t: that is "
     "w keys, so t - j ranges over 0 ... w-1.",
-    "in_window: causal = k_pos <= q_pos; return causal if window is None else causal & (q_pos - k_pos < window).\n"
-    "attention_mask: the queries are the LAST n_q positions, so q_pos = torch.arange(n_k - n_q, n_k)[:, None] "
-    "and k_pos = torch.arange(n_k)[None, :]; return in_window(q_pos, k_pos, window). (torch.tril, and SDPA's "
-    "is_causal=True, align top-left: wrong when n_q < n_k.)",
+    "in_window: causal = (k_pos <= q_pos); with a window, also the distance q_pos - k_pos must be below w "
+    "(distance 0 is the query's own key, distance w-1 the oldest it sees). Combine with &.\n"
+    "attention_mask: q_pos = the LAST n_q positions, torch.arange(n_k - n_q, n_k)[:, None]  (n_q, 1); "
+    "k_pos = torch.arange(n_k)[None, :]  (1, n_k); then one call to in_window broadcasts to (n_q, n_k). "
+    "(torch.tril, and SDPA's is_causal=True, align top-left: wrong when n_q < n_k.)",
     "Paper, section 3.1, eq. 4: o_t = sum over j = max(1, t-w+1) ... t of softmax(q_t k_j / sqrt(d)) v_j; "
     "eq. 5, the output tokens' cross-attention: j = 1 ... t. Algorithm 1, lines 8-9: "
     "Flash-Attn(Q, K, V, window_size=W) and window_size=inf.",

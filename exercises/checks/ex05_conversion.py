@@ -25,7 +25,7 @@ HINTS = [
     "model = Orthros(config).to(transformer.wte.weight.dtype)      # float64 here: a float32 copy is not exact\n"
     "model.load_state_dict(transformer.state_dict(), strict=False)  # copies; the scale-offsets are 'missing'\n"
     "then, under torch.no_grad(), fill alpha, alpha_out with 1 and beta, beta_out with 0 in every block.attn",
-    "Paper, section 4.3 (Transformer-to-Orthros conversion): 'Orthros Conversion replaces the original full "
+    "Paper, section 4.3 (Conversion Training) and Table 6: 'Orthros Conversion replaces the original full "
     "attention modules with Orthros Attention', with no new weight matrix (Algorithm 1, line 2: W_Q, W_K, "
     "W_V, W_O are the Transformer's). In orthros.py: Orthros.load_transformer_weights.",
 ]

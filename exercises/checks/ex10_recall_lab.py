@@ -12,7 +12,7 @@ from exercises.solutions import ex10_recall_lab as solution
 
 TITLE = "The recall lab"
 DIFFICULTY = 4
-MINUTES = 40
+MINUTES = 30
 TEACHES = "train SWA and Orthros on CPU: SWA is at chance beyond n_layer*w, Orthros answers far queries; read runs live"
 FUNCTIONS = ("recall_summary",)
 REFERENCE = SimpleNamespace(recall_summary=solution.recall_summary)
