@@ -65,9 +65,13 @@ class Raised:
 
     def __init__(self, error):
         self.error = error
+        # the last line of a student's file that the error passed through, if any
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if Path(f.filename).name.startswith("ex")
+                  and Path(f.filename).parent.name == "exercises"]
+        self.where = f" (at {relpath(frames[-1].filename)}, line {frames[-1].lineno})" if frames else ""
 
     def __repr__(self):
-        return f"raised {type(self.error).__name__}: {self.error}"
+        return f"raised {type(self.error).__name__}: {self.error}{self.where}"
 
 
 # -----------------------------------------------------------------------------
@@ -121,13 +125,13 @@ def run_cases(spec, impl, **options):
         try:
             out = attempt(case, impl)
         except NotImplementedError as e:
-            return Result("not started", not_started(spec, e), time.perf_counter() - start)
+            return Result("not started", not_started(e), time.perf_counter() - start)
         except NotReady as e:
             return Result("not started", str(e), time.perf_counter() - start)
         problem = judge(spec, cases, i, out, expected)
         if problem:
             named = [bug for bug in spec.BUGS if behaves_like(spec, bug, cases, i, out, expected)]
-            return Result("FAIL", failure(spec, case, out, expected.get(i), problem, named),
+            return Result("FAIL", failure(case, out, expected.get(i), problem, named),
                           time.perf_counter() - start, [bug.name for bug in named])
     extra = spec.after_pass(impl, **options) if hasattr(spec, "after_pass") else ""
     return Result("PASS", extra, time.perf_counter() - start)
@@ -247,7 +251,7 @@ def grid(mask):
 # -----------------------------------------------------------------------------
 # Reports
 
-def not_started(spec, error):
+def not_started(error):
     frame = traceback.extract_tb(error.__traceback__)[-1]
     return (f"not started: `{frame.name}` in {relpath(frame.filename)} still raises NotImplementedError. "
             "Open the file, read its docstring, and write it.")
@@ -260,7 +264,7 @@ def relpath(path):
         return str(path)
 
 
-def failure(spec, case, out, ref, problem, named):
+def failure(case, out, ref, problem, named):
     lines = ["FAIL. The smallest failing case:", f"  {case.what}", f"  what is wrong: {problem}"]
     if isinstance(ref, torch.Tensor) and isinstance(out, torch.Tensor) and ref.dtype == torch.bool \
             and out.shape == ref.shape and ref.dim() == 2 and max(ref.shape) <= 24:
