@@ -25,6 +25,8 @@ import inspect
 import re
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -97,6 +99,14 @@ def test_stub_does_not_import_what_it_replaces(n):
             reached = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
             assert name not in imported | reached, name
     assert "solutions" not in Path(stub.__file__).read_text()
+
+
+def test_an_imported_reference_is_refused():
+    """A student file that imports the very function it replaces fails, rather than passing as the reference."""
+    spec = spec_of(1)
+    imported = SimpleNamespace(in_window=orthros.in_window, attention_mask=orthros.attention_mask)
+    result = framework.check(spec, imported)
+    assert result.status == "FAIL" and "is the reference itself" in result.message
 
 
 @pytest.mark.parametrize("swa_impl", ["dense", "blocked"])

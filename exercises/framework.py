@@ -119,6 +119,10 @@ def check(spec, impl, **options):
 
 def run_cases(spec, impl, **options):
     start = time.perf_counter()
+    for name in spec.FUNCTIONS:  # an imported reference would pass: refuse it
+        if impl is not spec.REFERENCE and getattr(impl, name) is getattr(spec.REFERENCE, name):
+            return Result("FAIL", f"FAIL. Your `{name}` is the reference itself (imported from "
+                          f"{getattr(impl, name).__module__}): write your own.", time.perf_counter() - start)
     cases = spec.cases(**options)
     expected = {}  # case index -> the right output, computed once (bugs are compared with it too)
     for i, case in enumerate(cases):

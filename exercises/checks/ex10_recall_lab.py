@@ -81,13 +81,14 @@ MADE_UP = {  # name: (model config, {bucket: (n, accuracy)})
 
 
 def make_up_runs(folder):
-    """Write the made-up runs: exact_match.json and a checkpoint that holds only a model config."""
+    """Write the made-up runs: exact_match.json and checkpoints that hold only a model config."""
     runs = {}
     for i, (name, (config, buckets)) in enumerate(MADE_UP.items()):
         run = Path(folder) / f"run{i}"
         run.mkdir()
         (run / "exact_match.json").write_text(json.dumps({b: {"n": n, "accuracy": a} for b, (n, a) in buckets.items()}))
-        save_checkpoint(run / "ckpt_last.pt", model_config=config, step=0)
+        for ckpt in ("ckpt_last.pt", "ckpt_best.pt"):
+            save_checkpoint(run / ckpt, model_config=config, step=0)
         runs[name] = run
     return runs
 
