@@ -25,7 +25,7 @@ import inspect
 import re
 from pathlib import Path
 
-from types import SimpleNamespace
+from types import ModuleType
 
 import pytest
 import torch
@@ -104,7 +104,8 @@ def test_stub_does_not_import_what_it_replaces(n):
 def test_an_imported_reference_is_refused():
     """A student file that imports the very function it replaces fails, rather than passing as the reference."""
     spec = spec_of(1)
-    imported = SimpleNamespace(in_window=orthros.in_window, attention_mask=orthros.attention_mask)
+    imported = ModuleType("exercises.ex01_window_mask")  # a student file that did `from orthros import ...`
+    imported.in_window, imported.attention_mask = orthros.in_window, orthros.attention_mask
     result = framework.check(spec, imported)
     assert result.status == "FAIL" and "is the reference itself" in result.message
 
