@@ -37,7 +37,7 @@ HINTS = [
 
 # -- Known bugs: the solution with one classic mistake -----------------------------------------
 
-def make_bug(swap=False, window_out=False, kv_out=False):
+def make_bug(swap=False, top_left=False, kv_out=False):
     def orthros_attention(attn, z, n_base, cos, sin):
         B, L, C = z.shape
         H, D, n_out = attn.n_head, attn.head_dim, L - n_base
@@ -53,12 +53,13 @@ def make_bug(swap=False, window_out=False, kv_out=False):
         q_out = apply_rope(split(q_out), cos[n_base:], sin[n_base:])
         kv_rows = z if kv_out else x                                 # kv_out: the output tokens join K, V
         k, v = apply_rope(split(attn.c_k(kv_rows)), cos[:kv_rows.size(1)], sin[:kv_rows.size(1)]), split(attn.c_v(kv_rows))
-        out_mask = attention_mask(n_out, n_base, attn.window if window_out else None)
+        out_mask = attention_mask(n_out, n_base, None)
         if kv_out:
             out_mask = torch.cat([out_mask, attention_mask(n_out, n_out, None)], dim=1)
         y = F.scaled_dot_product_attention(q, k[:, :, :n_base], v[:, :, :n_base],
                                            attn_mask=attention_mask(n_base, n_base, attn.window))
-        y_out = F.scaled_dot_product_attention(q_out, k, v, attn_mask=out_mask)
+        y_out = F.scaled_dot_product_attention(q_out, k, v, is_causal=True) if top_left else \
+            F.scaled_dot_product_attention(q_out, k, v, attn_mask=out_mask)
         return attn.c_proj(torch.cat([y, y_out], dim=2).transpose(1, 2).reshape(B, L, C))
     return SimpleNamespace(orthros_attention=orthros_attention)
 
@@ -67,8 +68,9 @@ BUGS = [
     Bug("alpha and alpha' swapped", "the base queries took the output stream's scale (alpha') and the output "
         "queries the base stream's (alpha): alpha * (x W_Q) + beta for base tokens, alpha' * (x' W_Q) + beta' "
         "for output tokens.", make_bug(swap=True)),
-    Bug("the output tokens see only the window", "output tokens do full causal cross-attention (eq. 5, "
-        "window_size = inf); only base tokens use the window (eq. 4).", make_bug(window_out=True)),
+    Bug("is_causal=True for the output tokens", "SDPA's is_causal aligns the mask top-left: with n_out < n_base "
+        "it puts the output queries at positions 0 ... n_out-1. They sit at the LAST n_out positions: "
+        "attention_mask(n_out, n_base, None) aligns them bottom-right.", make_bug(top_left=True)),
     Bug("K and V from the output tokens too", "keys and values come from the base tokens only (Alg. 1, "
         "line 4): they are the KV cache, and the output tokens read it, never write to it.", make_bug(kv_out=True)),
 ]
