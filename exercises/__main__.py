@@ -87,7 +87,7 @@ def hint(n, k):
     spec, _ = load(n, solution=True)
     if not 1 <= k <= len(spec.HINTS):
         sys.exit(f"exercise {n} has hints 1 to {len(spec.HINTS)}")
-    text = "\n".join(textwrap.fill(line, 100, subsequent_indent="    ") for line in spec.HINTS[k - 1].splitlines())
+    text = "\n".join(textwrap.fill(line, 100) for line in spec.HINTS[k - 1].splitlines())
     print(f"Exercise {n}, {spec.TITLE}: hint {k} of {len(spec.HINTS)}\n\n{text}")
     if k < len(spec.HINTS):
         print(f"\nThe next one: python -m exercises hint {n} {k + 1}")
