@@ -21,3 +21,15 @@ def require_gpt2_bpe():
 def gpt2_bpe():
     """For tests that need the GPT-2 tokenizer's ranks file."""
     require_gpt2_bpe()
+
+
+@pytest.fixture(scope="session")
+def recall_tiny_runs(tmp_path_factory):
+    """recall_tiny trained once per test session, for Orthros and SWA (about 3 minutes on 2 idle CPU
+    cores): {attn: out_dir}. test_train.py's recall test and exercise 10's check both read them."""
+    import train
+    root = tmp_path_factory.mktemp("recall_tiny")
+    for attn in ("orthros", "swa"):
+        train.main(["--config", "recall_tiny", "--attn", attn, "--device", "cpu", "--eval_iters", "1",
+                    "--out_dir", str(root / attn)])
+    return {attn: root / attn for attn in ("orthros", "swa")}

@@ -324,12 +324,11 @@ def test_padding_never_leaks_into_an_example():
     torch.testing.assert_close(batched[1, :len(tokens) - 1], alone[0], rtol=0, atol=1e-12)
 
 
-def test_recall_tiny_orthros_recalls_beyond_the_window_and_swa_does_not(tmp_path):
+def test_recall_tiny_orthros_recalls_beyond_the_window_and_swa_does_not(recall_tiny_runs):
     """recall_tiny on CPU: beyond n_layer x window (2 x 32 tokens) Orthros recalls, SWA is near chance."""
     far = {}
-    for attn in ("orthros", "swa"):
-        run_train(tmp_path / attn, "--config", "recall_tiny", "--attn", attn, "--eval_iters", "1")
-        scores = json.loads((tmp_path / attn / "exact_match.json").read_text())
+    for attn in ("orthros", "swa"):  # trained once per session by conftest.py's recall_tiny_runs
+        scores = json.loads((recall_tiny_runs[attn] / "exact_match.json").read_text())
         far[attn] = min(scores[b]["accuracy"] for b in ("64-128", "128-256"))
     # measured 2026-11-29 (2 CPU cores): orthros 1.00 / 0.99 / 1.00 with seeds 1337 / 1 / 2;
     # swa 0.02-0.07 (chance is 1/26 = 0.04)

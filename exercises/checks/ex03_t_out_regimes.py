@@ -1,0 +1,142 @@
+"""Exercise 3, the t_out regimes: the checker, hints and known bugs."""
+
+import random
+from types import SimpleNamespace
+
+import torch
+
+from data.sft import collate, load_examples
+from data.tokenizer import get_tokenizer
+from exercises.framework import REPO, Bug, Case, tiny_model, tokens, variant
+from exercises.solutions import ex03_t_out_regimes as solution
+
+TITLE = "The t_out regimes"
+DIFFICULTY = 2
+MINUTES = 30
+TEACHES = "pre-training, SFT, prefill and decode are one forward pass; the smallest t_out of an SFT batch; T + t_out tokens against 2T"
+FUNCTIONS = ("smallest_t_out", "tokens_through_layers")
+REFERENCE = SimpleNamespace(smallest_t_out=solution.smallest_t_out,
+                            tokens_through_layers=solution.tokens_through_layers)
+
+HINTS = [
+    "The output positions are always a suffix: the last t_out columns. So t_out is decided by the "
+    "leftmost column that holds any target, in any row of the batch; everything from there to the end "
+    "must be an output position. Orthros runs a second (output) token for each output position; the "
+    "baselines have one stream.",
+    "has_target = (targets != -1).any(dim=0)   # (T,), one flag per column\n"
+    "first = index of the first True;  t_out = T - first;  and 1 if there is none (prefill-like).\n"
+    "tokens: T + t_out for Orthros, T for 'swa' and 'transformer'.",
+    "Paper, section 3.2: Pre-training (T_in = 0, T_out = T), SFT (T_in = T - T_out, T_out >= 1: 'T_out "
+    "corresponds exactly to the total length of the target responses'), Prefilling (T_out = 1), Decoding "
+    "(T = 1). Algorithm 1, line 1: the input is (T + T_out) x d_model. In the repo: data/sft.py, collate.",
+]
+
+
+# -- Known bugs ---------------------------------------------------------------------------------
+
+def count_targets(targets):
+    return int((targets != -1).sum(dim=1).max())  # how many targets, not where they start
+
+
+def zero_when_untrained(targets):
+    columns = (targets != -1).any(dim=0).nonzero()
+    return targets.size(1) - int(columns[0]) if len(columns) else 0
+
+
+BUGS = [
+    Bug("counted the targets, not the suffix that holds them", "a row's targets can start earlier than its "
+        "count says (right padding, several turns): t_out is T minus the first column with a target.",
+        variant(REFERENCE, smallest_t_out=count_targets)),
+    Bug("t_out = 0 when nothing is trained", "t_out is at least 1: the model always predicts at the last "
+        "position (prefill has t_out = 1).", variant(REFERENCE, smallest_t_out=zero_when_untrained)),
+    Bug("2T tokens for Orthros in every regime", "only pre-training (t_out = T) doubles the tokens; SFT, "
+        "prefill and decode add just t_out output tokens to the T base tokens.",
+        variant(REFERENCE, tokens_through_layers=lambda attn, T, t_out: 2 * T if attn == "orthros" else T)),
+]
+
+
+# -- Cases --------------------------------------------------------------------------------------
+
+def example(turn_lengths, rng):
+    """An SFT example as data/sft.py makes it: prompt, response + END, ...; mask True on responses.
+    A response of length 0 is no response at all: nothing of the example is trained."""
+    ids, mask = [], []
+    for i, n in enumerate(turn_lengths):
+        is_response = i % 2 == 1
+        if is_response and n == 0:
+            continue
+        ids += [rng.randrange(1, 30) for _ in range(n)] + ([0] if is_response else [])  # 0 = END here
+        mask += [is_response] * (n + is_response)
+    return {"tokens": ids, "mask": mask}
+
+
+def batches():
+    rng = random.Random(0)
+    fixed = [("one example: prompt 1, response 1", [[1, 1]]),
+             ("one example: prompt 4, response 2", [[4, 2]]),
+             ("two examples: prompt 5 + response 1, prompt 1 + response 4 (right-padded)", [[5, 1], [1, 4]]),
+             ("one example of two turns: prompt 3, response 2, prompt 2, response 1", [[3, 2, 2, 1]]),
+             ("two examples with no response at all (nothing trained)", [[3, 0], [5, 0]])]
+    found = [(what, [example(lengths, rng) for lengths in batch]) for what, batch in fixed]
+    for seed in range(4):
+        batch = [example([rng.randint(1, 9), rng.randint(0, 6)] * rng.randint(1, 2), rng) for _ in range(4)]
+        found.append((f"a random batch of 4 (seed {seed})", batch))
+    return found
+
+
+def cases(**options):
+    found = []
+    for what, batch in batches():
+        x, y, t_out = collate(batch)
+        found.append(Case(
+            f"smallest_t_out(targets) for {what}: x, targets, _ = data.sft.collate(batch); targets = {y.tolist()}",
+            lambda impl, y=y: impl.smallest_t_out(y.clone()),
+            "t_out is the smallest suffix of columns that holds every target (data.sft.collate's t_out); "
+            "1 when nothing is trained", expected=lambda t_out=t_out: t_out))
+    model = tiny_model("orthros", vocab_size=37)
+    x, y, _ = collate(batches()[2][1])
+    found.append(Case(
+        "model(x, targets, t_out=smallest_t_out(targets)) on the two-example batch",
+        lambda impl: model(x, y, t_out=impl.smallest_t_out(y.clone()))[1],
+        "the SFT loss with the smallest t_out equals the loss with t_out = T (the output positions before "
+        "the first target change nothing)", atol=1e-12, expected=lambda: model(x, y, t_out=x.size(1))[1]))
+    for attn in ("orthros", "swa", "transformer"):
+        for regime, T, t_out in (("pre-training", 12, 12), ("SFT", 12, 5), ("prefill", 12, 1), ("decode", 1, 1)):
+            found.append(Case(
+                f"tokens_through_layers({attn!r}, T={T}, t_out={t_out}): {regime}",
+                lambda impl, attn=attn, T=T, t_out=t_out: impl.tokens_through_layers(attn, T, t_out),
+                "the rows of z that the layers process, counted by a hook on the model's first block: "
+                "Orthros adds one output token per output position, the baselines have one stream",
+                expected=lambda attn=attn, regime=regime, T=T, t_out=t_out: rows_per_layer(attn, regime, T, t_out)))
+    return found
+
+
+def rows_per_layer(attn, regime, T, t_out):
+    """Run the regime on a tiny model and count the rows its first block receives."""
+    model = tiny_model(attn)
+    rows = []
+    hook = model.blocks[0].register_forward_pre_hook(lambda block, args: rows.append(args[0].size(1)))
+    with torch.no_grad():
+        if regime == "prefill":
+            model.prefill(tokens(1, T))
+        elif regime == "decode":
+            _, cache = model.prefill(tokens(1, 7))
+            rows.clear()
+            model.decode(tokens(1, 1).flatten(), cache)
+        else:
+            model(tokens(1, T), t_out=t_out)
+    hook.remove()
+    return rows[0]
+
+
+def after_pass(impl, **options):
+    """What the split saves on the repo's own SFT example data, with your two functions."""
+    examples, _ = load_examples(REPO / "data" / "sft_example" / "train.jsonl", get_tokenizer("byte"), max_len=128)
+    orthros = pretraining = 0
+    for b in range(0, len(examples), 16):
+        x, y, _ = collate(examples[b:b + 16])
+        orthros += impl.tokens_through_layers("orthros", x.size(1), impl.smallest_t_out(y))
+        pretraining += impl.tokens_through_layers("orthros", x.size(1), x.size(1))
+    return (f"The repo's SFT example data (data/sft_example/train.jsonl, {len(examples)} examples, batches of 16):\n"
+            f"  with the smallest t_out, Orthros runs {orthros:,} tokens through each layer; with t_out = T "
+            f"(2T a batch), {pretraining:,}: {1 - orthros / pretraining:.0%} fewer.")

@@ -1,0 +1,28 @@
+"""Exercise 2: two streams to logits (Algorithm 2). Build it from a model's own modules.
+
+An Orthros model runs one forward pass over T base tokens plus t_out output tokens. Write that
+pass from the modules of a trained (here: random) model, without calling the model itself:
+
+    model.wte            the token embedding, (vocab, C)
+    model.blocks         the layers; block(z, n_base, rope) -> (z, present): z is (B, n_base + n_out, C),
+                         the n_base base tokens first, then the output tokens; rope = (cos, sin)
+                         at the positions of z's rows
+    rope_cos_sin(positions, head_dim, base, dtype) -> (cos, sin)   (from orthros; head_dim = C / n_head,
+                         base = model.config.rope_base, dtype = the weights' dtype)
+    model.ln_f, model.lm_head    the final norm and the LM head
+
+The checker compares your logits with model(idx, t_out=t_out) for many T and t_out (float64, to
+1e-12). The model is in eval mode: leave dropout out.
+
+    python -m exercises check 2       python -m exercises hint 2
+"""
+
+import torch
+
+from orthros import rope_cos_sin
+
+
+def two_stream_logits(model, idx, t_out):
+    """The logits (B, t_out, vocab) of an Orthros model (config.attn == "orthros") for the token
+    ids idx: (B, T) and its last t_out positions, computed as Algorithm 2 does."""
+    raise NotImplementedError

@@ -1,0 +1,30 @@
+"""Exercise 4: Algorithm 1, the Orthros attention layer, with the scale-offsets. Build it from a
+layer's parameters.
+
+An OrthrosAttention layer `attn` (orthros.py) holds:
+    attn.c_q, attn.c_k, attn.c_v, attn.c_proj   W_Q, W_K, W_V, W_O: nn.Linear(C, C), no bias
+    attn.alpha, attn.beta                       the base tokens' query scale-offset, (C,)
+    attn.alpha_out, attn.beta_out               the output tokens' (alpha', beta' of the paper)
+    attn.n_head, attn.head_dim, attn.window     H, D = C / H, and w
+Its input z is (B, n_base + n_out, C): n_base base tokens, then n_out output tokens. cos, sin
+are the RoPE tables (n_base + n_out, D) at the positions of z's rows (an output token sits at
+its base twin's position); orthros.apply_rope(x, cos, sin) rotates x: (B, H, rows, D).
+
+Write the layer's output (B, n_base + n_out, C) without calling attn itself. You may use
+orthros.apply_rope, orthros.attention_mask and torch.nn.functional.scaled_dot_product_attention.
+The checker compares yours with attn(z, n_base, (cos, sin)) on layers whose alpha != alpha' and
+beta != beta', in float64, to 1e-12.
+
+    python -m exercises check 4       python -m exercises hint 4
+"""
+
+import torch
+import torch.nn.functional as F
+
+from orthros import apply_rope, attention_mask
+
+
+def orthros_attention(attn, z, n_base, cos, sin):
+    """Algorithm 1 on the parameters of attn (an OrthrosAttention with attn="orthros"):
+    z: (B, n_base + n_out, C); cos, sin: (n_base + n_out, head_dim). Returns (B, n_base + n_out, C)."""
+    raise NotImplementedError

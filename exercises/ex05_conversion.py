@@ -1,0 +1,29 @@
+"""Exercise 5: converting a Transformer into Orthros (the paper's section 4.3).
+
+Orthros adds no weight matrix to a Transformer: every weight keeps its name and shape, and the
+only new parameters are the four scale-offsets per layer (alpha, beta, alpha', beta'). So a trained
+Transformer becomes an Orthros model by a pure weight copy, with the scale-offsets at identity
+(q = 1 * (x W_Q) + 0). With a window w >= T nothing is cut off, and the converted model then
+gives exactly the Transformer's logits.
+
+Write convert(transformer, window): a new Orthros model (config.attn = "orthros", the given
+window, everything else as in the Transformer's config) holding copies of the Transformer's
+weights. Don't call Orthros.load_transformer_weights: the checker makes it raise. The checker
+compares your model's config, weights and logits with the Transformer's, and with orthros.py's
+own conversion.
+
+    python -m exercises check 5       python -m exercises hint 5
+"""
+
+import dataclasses
+
+import torch
+
+from orthros import Orthros
+
+
+def convert(transformer, window):
+    """A new Orthros model (attn="orthros", this window) with a copy of the weights of
+    transformer (an Orthros instance with config.attn == "transformer"), its scale-offsets at
+    identity, in the Transformer's dtype."""
+    raise NotImplementedError

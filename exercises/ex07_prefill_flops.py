@@ -1,0 +1,36 @@
+"""Exercise 7: prefill FLOPs. Replace bench.attended_pairs, and count prefill's FLOPs.
+
+Prefill runs the prompt (T tokens) once and predicts one token: t_out = 1. The Transformer pays
+full causal attention over T positions; SWA and Orthros's base tokens see at most w keys each;
+Orthros adds one output token, whose query attends all T keys. Count them as bench.py does:
+
+  one multiply-add = 2 FLOPs; per layer:
+    token-wise: W_Q, W_O (2 C^2 each token) and the MLP (8 C^2) on every token that flows
+      through the layer; W_K, W_V (2 C^2) on the T base tokens only;
+    attention: QK^T and PV, 2 * 2 * C FLOPs per (query, key) pair;
+  plus the LM head, 2 C V for each position that gets logits (prefill: 1).
+  Norms, RoPE, softmax, GELU and the embedding lookup are left out.
+
+1. attended_pairs(T, window=None, n_q=None): how many (query, key) pairs a causal attention over
+   T positions computes for its last n_q queries (default T), each seeing at most `window` keys
+   (None: every key up to itself). With a window, n_q is always T.
+2. prefill_flops(cfg, T): the FLOPs of prefilling T tokens with the model cfg
+   (an orthros.OrthrosConfig; cfg.attn is "transformer", "swa" or "orthros").
+
+The checker compares both with bench.py (attended_pairs, and forward_flops(cfg, T, 1)) exactly,
+patches your attended_pairs into bench.py, and prints the FLOP-limit speedup of Orthros over the
+Transformer next to a measured CPU prefill speedup.
+
+    python -m exercises check 7       python -m exercises hint 7
+"""
+
+
+def attended_pairs(T, window=None, n_q=None):
+    """Number of (query, key) pairs a causal attention over T positions computes, for its last
+    n_q queries (default all T), each seeing at most `window` keys (None = all keys <= itself)."""
+    raise NotImplementedError
+
+
+def prefill_flops(cfg, T):
+    """FLOPs of prefilling one sequence of T tokens (t_out = 1) with the model described by cfg."""
+    raise NotImplementedError
