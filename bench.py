@@ -90,8 +90,8 @@ def prefill_flop_limits(cfg, T, attn):
     FLOPs(attn), both prefilling T tokens with logits at the last one only. Also returned: the
     same ratio with the LM head counted on all T tokens ("2 x params per token", tied embedding).
     NOTE: at the default size (12 x 768, w=128, V=50304) the first gives 4.4x / 14.8x / 28.6x at
-    32K / 128K / 256K. METHOD.md quotes 3.4x / 10.6x / 20x: the second convention reproduces
-    those (3.38x / 10.57x / 20.16x). prefill() only runs the LM head at the last position, so
+    32K / 128K / 256K; the second (the usual "2 x params per token" count) gives 3.38x / 10.57x /
+    20.16x. prefill() only runs the LM head at the last position, so
     the first is the true limit for this code; the second is the more conservative figure."""
     ref, mine = dataclasses.replace(cfg, attn="transformer"), dataclasses.replace(cfg, attn=attn)
     exact = forward_flops(ref, T, 1) / forward_flops(mine, T, 1)
