@@ -24,6 +24,7 @@ slower on an H200: SDPA's masked single-query kernel does not split the keys acr
 
 import torch
 
+import orthros
 from orthros import apply_rope, causal_depthwise_conv, rope_cos_sin
 
 
@@ -37,22 +38,22 @@ def bucket_len(n, chunk=256):
 
 def key_masks(pos, n_keys, window):
     """Additive masks (0 = attend, -inf = not) over the first n_keys cache rows for the token
-    at position pos (a (1,) tensor): (2, n_keys) float32, row 0 for the base twin (eq. 4: keys
+    at position pos (a (1,) tensor): (2, n_keys) float32, row 0 for the base twin (eq. 4, keys
     pos-w+1 .. pos; all keys <= pos without a window), row 1 for the output twin (eq. 5: keys
-    0 .. pos). NOTE: built from positions: SDPA's is_causal would align a single query with
-    the first key, not the last."""
+    0 .. pos). Both from orthros.in_window, the one definition of the window.
+    NOTE: built from positions: SDPA's is_causal would align a single query with the first key,
+    not the last."""
     k_pos = torch.arange(n_keys, device=pos.device)
-    full = k_pos <= pos                                      # (n_keys,)
-    base = full & (pos - k_pos < window) if window is not None else full
-    hidden = torch.full((), float("-inf"), device=pos.device)
-    return torch.where(torch.stack([base, full]), 0.0, hidden)
+    allowed = torch.stack([orthros.in_window(pos, k_pos, window), orthros.in_window(pos, k_pos, None)])
+    return torch.where(allowed, 0.0, torch.full((), float("-inf"), device=pos.device))
 
 
 def window_rows(pos, window):
     """The cache rows of the window of the token at position pos: (rows (w,), additive mask
-    (1, w)). Rows before position 0 are clamped to row 0 and masked out."""
+    (1, w)). Rows before position 0 are clamped to row 0 and masked out; the mask is in_window's."""
     k_pos = pos - window + 1 + torch.arange(window, device=pos.device)
-    return k_pos.clamp(min=0), torch.where(k_pos >= 0, 0.0, float("-inf"))[None]
+    allowed = orthros.in_window(pos, k_pos, window) & (k_pos >= 0)
+    return k_pos.clamp(min=0), torch.where(allowed, 0.0, float("-inf"))[None]
 
 
 def _scores(q, k):
