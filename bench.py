@@ -235,22 +235,20 @@ def bench_prefill(args, device, results, save):
 
 def decode_run(args, model, decoder_name, ctx, B, device):
     """Prefill a random prompt of ctx tokens (batch B), then time args.decode_steps greedy decode
-    steps (after args.warmup untimed ones, which include the fast decoder's graph capture).
-    Both decoders run through the same loop: decoder.prefill(idx), decoder.decode(next_idx, state)."""
+    steps (after args.warmup untimed ones, which include the fast decoder's graph capture), through
+    the model's own decode loop, model.generate_tokens, with either decoder."""
+    n_steps = args.warmup + args.decode_steps
+    decoder = None if decoder_name == "naive" else \
+        FastDecoder(model, B, max_len=ctx + n_steps, compile=args.compile)  # a cache for this run only
+    idx = random_tokens(args, B, ctx, device)
     with torch.inference_mode():
-        n_steps = args.warmup + args.decode_steps
-        decoder = model if decoder_name == "naive" else \
-            FastDecoder(model, B, max_len=ctx + n_steps, compile=args.compile)  # a cache for this run only
-        logits, state = decoder.prefill(random_tokens(args, B, ctx, device))
-        next_idx = logits[:, -1].argmax(-1, keepdim=True)       # (B, 1)
-        if device.type == "cuda":  # the peak of the decode phase: cache + one step
-            torch.cuda.reset_peak_memory_stats(device)
-        for step in range(n_steps):
+        # generate_tokens yields its first token after prefill, then one after each decode step
+        for step, _ in enumerate(model.generate_tokens(idx, n_steps + 1, temperature=0, decoder=decoder)):
+            if step == 0 and device.type == "cuda":  # the peak of the decode phase: cache + one step
+                torch.cuda.reset_peak_memory_stats(device)
             if step == args.warmup:
                 sync(device)
                 t0 = time.perf_counter()
-            logits, state = decoder.decode(next_idx, state)
-            next_idx = logits[:, -1].argmax(-1, keepdim=True)   # greedy, as in serving
         sync(device)
         dt = time.perf_counter() - t0
     return {"tokens_per_s": B * args.decode_steps / dt, "ms_per_step": 1e3 * dt / args.decode_steps}
@@ -503,7 +501,7 @@ def main(argv=None):
     device = torch.device(args.device)
     args.dtype = getattr(torch, args.dtype)
     # Long enough for every prompt, every decode run (prompt + warmup + timed steps), and training.
-    args.max_seq_len = max(args.prefill_lens + [c + args.warmup + args.decode_steps for c in args.decode_ctx] + [args.train_T])
+    args.max_seq_len = max(args.prefill_lens + [c + args.warmup + args.decode_steps + 1 for c in args.decode_ctx] + [args.train_T])
     torch.set_float32_matmul_precision("high")
     if args.compile:  # three models x prefill/decode/train shapes: more graphs than the default limit of 8
         torch._dynamo.config.recompile_limit = 64
