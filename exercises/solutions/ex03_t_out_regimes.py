@@ -1,7 +1,5 @@
 """Exercise 3, the stored solution: the smallest t_out of an SFT batch, and the tokens per layer."""
 
-import torch
-
 
 def smallest_t_out(targets):
     """targets: (B, T) long tensor, -1 = ignored. Returns the smallest t_out (a Python int) such
