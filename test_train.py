@@ -40,6 +40,21 @@ def snapshot(folder):
     return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir())}
 
 
+def at_step(monkeypatch, step, action):
+    """Make training call action() as it starts step `step` (0-based), through train.lr_at."""
+    real_lr_at = train.lr_at
+    def lr_at(s, cfg):
+        if s == step:
+            action()
+        return real_lr_at(s, cfg)
+    monkeypatch.setattr(train, "lr_at", lr_at)
+    return lambda: monkeypatch.setattr(train, "lr_at", real_lr_at)  # undoes it
+
+
+def simulated_crash():
+    raise RuntimeError("simulated crash")  # a hard crash: nothing is saved
+
+
 def read_log(out_dir):
     records = [json.loads(line) for line in open(Path(out_dir) / "log.jsonl")]
     losses = {r["step"]: r["loss"] for r in records if "loss" in r}
@@ -64,15 +79,10 @@ def test_resume_continues_with_the_same_losses(tmp_path, monkeypatch):
     run_train(tmp_path / "whole", *args)
     whole, _ = read_log(tmp_path / "whole")
 
-    real_lr_at = train.lr_at
-    def crash_at_step_13(step, cfg):
-        if step == 13:
-            raise RuntimeError("simulated crash")  # a hard crash: nothing is saved at step 13
-        return real_lr_at(step, cfg)
-    monkeypatch.setattr(train, "lr_at", crash_at_step_13)
+    undo = at_step(monkeypatch, 13, simulated_crash)
     with pytest.raises(RuntimeError):
         run_train(tmp_path / "broken", *args)
-    monkeypatch.setattr(train, "lr_at", real_lr_at)
+    undo()
     assert load_checkpoint(tmp_path / "broken" / "ckpt_last.pt")["step"] == 10
     run_train(tmp_path / "broken", *args, "--init_from", "resume")
     resumed, _ = read_log(tmp_path / "broken")
@@ -424,19 +434,14 @@ def test_ctrl_c_saves_ckpt_last_and_resume_is_exact(tmp_path, monkeypatch, capsy
     args = ["--max_iters", "12", "--eval_interval", "10", "--dropout", "0.1"]
     run_train(tmp_path / "whole", *args)
     whole, _ = read_log(tmp_path / "whole")
-    real_lr_at = train.lr_at
-    def ctrl_c_at_step_5(step, cfg):
-        if step == 5:
-            signal.raise_signal(signal.SIGINT)
-        return real_lr_at(step, cfg)
-    monkeypatch.setattr(train, "lr_at", ctrl_c_at_step_5)
+    undo = at_step(monkeypatch, 5, lambda: signal.raise_signal(signal.SIGINT))
     with pytest.raises(SystemExit) as stopped:
         run_train(tmp_path / "broken", *args)
     assert stopped.value.code == 130
     assert load_checkpoint(tmp_path / "broken" / "ckpt_last.pt")["step"] == 6  # step 6 finished, then saved
     out = capsys.readouterr().out
     assert "stopped by SIGINT after step 6" in out and "--init_from resume" in out
-    monkeypatch.setattr(train, "lr_at", real_lr_at)
+    undo()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers are restored
     run_train(tmp_path / "broken", *args, "--init_from", "resume")
     resumed, _ = read_log(tmp_path / "broken")
@@ -521,13 +526,10 @@ def test_sft_without_buckets_and_with_truncation_reports_cleanly(tmp_path, capsy
 def test_a_repeated_sigterm_still_saves(tmp_path, monkeypatch):
     """SIGTERM twice (a supervisor's timeout, then its forwarded copy) still stops after the step and saves."""
     import signal
-    real_lr_at = train.lr_at
-    def sigterm_twice_at_step_3(step, cfg):
-        if step == 3:
-            signal.raise_signal(signal.SIGTERM)
-            signal.raise_signal(signal.SIGTERM)
-        return real_lr_at(step, cfg)
-    monkeypatch.setattr(train, "lr_at", sigterm_twice_at_step_3)
+    def sigterm_twice():
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
+    at_step(monkeypatch, 3, sigterm_twice)
     with pytest.raises(SystemExit) as stopped:
         run_train(tmp_path, "--max_iters", "20", "--eval_interval", "10")
     assert stopped.value.code == 130
