@@ -1,30 +1,111 @@
 """
-Generate text from a trained checkpoint with the KV-cache decoder (prefill, then decode).
+Generate text from a trained checkpoint: prefill the prompt, then decode with the model's KV cache.
 
     python sample.py --prompt "def fibonacci(n):"
     python sample.py --prompt_file prompt.txt --num_samples 3 --temperature 0.8 --top_k 50
     python sample.py --ckpt out/small-transformer/ckpt_best.pt --prompt "import os" --temperature 0
 
-On a GPU it decodes with engine.py's fast decoder (a static cache and CUDA graphs; --decoder
-naive for orthros.py's readable one). Without --ckpt it loads the newest checkpoint under
---out_dir (default: out/). Prompts are
-encoded with the tokenizer recorded in the checkpoint. Generation stops where every sample has
-produced the end token (--no_stop continues past it), or after --max_new_tokens (default: 200,
-or as many as fit in the model's max_seq_len). It prints the time to first token (the prefill)
-and the decode speed in tokens/s; --json adds one machine-readable line at the end.
+Without --ckpt it loads the newest checkpoint under --out_dir (default: out/), and encodes the
+prompt with the tokenizer recorded in it. It stops where every sample has produced the end token
+(--no_stop goes on), or after --max_new_tokens (default: 200, or as many as fit in the model's
+max_seq_len), and prints the time to first token (the prefill) and the decode speed. It decodes
+with orthros.py's naive KV cache, the code a student reads; on a GPU, --decoder fast uses
+perf/engine.py's static cache and CUDA graphs instead (the same numbers, tested).
+This file also holds what reading a checkpoint needs (train.py writes them): pick_device and
+load_checkpoint.
 """
+
+import signal
+import sys
+
+if __name__ == "__main__":  # Ctrl-C at any moment: one line, not a traceback
+    signal.signal(signal.SIGINT, lambda *_: sys.exit("\ninterrupted"))
 
 import argparse
 import json
-import sys
+import re
 import time
+from pathlib import Path
 
 import torch
 
-from checkpoint import find_latest_checkpoint, load_checkpoint, model_from_checkpoint
-from common import ArgumentParser, pick_device, sync
 from data.tokenizer import get_tokenizer
-from engine import FastDecoder
+from orthros import Orthros, OrthrosConfig
+
+CKPT_FORMAT = "orthros-checkpoint-v1"  # train.py's checkpoints carry it; anything else is refused
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one line ("error: --top_k must be >= 1"); --help still shows all."""
+
+    def error(self, message):
+        message = re.sub(r"^argument (--\w+)(/-\w+)?: ", r"\1 ", message)
+        raise SystemExit(f"error: {message}; {self.prog} --help lists every option")
+
+
+def pick_device(name="auto"):
+    """'auto' -> cuda if a GPU is usable, else mps (Apple silicon), else cpu. An explicit name is
+    checked, so a missing GPU is one clear error rather than a traceback from deep in torch."""
+    has_mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if has_mps else "cpu"
+    kind, _, index = name.partition(":")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} was asked for, but this torch has no usable CUDA GPU "
+                         f"(torch {torch.__version__}); use --device cpu (or auto)")
+    if kind == "cuda" and index.isdigit() and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    if kind == "mps" and not has_mps:
+        raise ValueError(f"device {name!r} was asked for, but MPS is not available here; use --device cpu")
+    if kind not in ("cuda", "mps", "cpu") or (kind != "cuda" and index):
+        raise ValueError(f"unknown device {name!r}: choose auto, cpu, cuda, cuda:N or mps")
+    return name
+
+
+def sync(device):
+    """Wait for the device's queued work (a no-op on CPU), so that a timer measures the work."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    elif torch.device(device).type == "mps":
+        torch.mps.synchronize()
+
+
+def load_checkpoint(path, device="cpu"):
+    """Read a checkpoint that train.py wrote. weights_only=True: opening a file cannot run code."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # torch's own messages run to paragraphs: say why in one sentence
+        with open(path, "rb") as f:
+            is_zip = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        why = ("the file is truncated or corrupt (it is not a complete torch zip archive)." if is_zip else
+               f"it holds a Python object ({found[1]}), which weights_only loading refuses so that opening a "
+               "file cannot run code." if found else "it is not a torch checkpoint (its bytes do not unpickle as one).")
+        raise ValueError(f"{path} is not a loadable checkpoint: {why}") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CKPT_FORMAT:
+        raise ValueError(f"{path} is a torch file but not an orthros checkpoint (no '{CKPT_FORMAT}' marker); "
+                         "only checkpoints written by this repo's train.py can be loaded")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt, **config_overrides):
+    """The model a checkpoint describes, with its weights. config_overrides may change fields that
+    do not touch the weights, e.g. max_seq_len for longer generation."""
+    model = Orthros(OrthrosConfig(**{**ckpt["model_config"], **config_overrides}))
+    model.load_state_dict(ckpt["model"])
+    return model
+
+
+def find_latest_checkpoint(out_dir):
+    """The most recently written checkpoint (*.pt) under out_dir, searching subfolders too."""
+    found = [p for p in Path(out_dir).rglob("*.pt") if p.is_file()]
+    if not found:
+        raise FileNotFoundError(f"no checkpoint (*.pt) under {out_dir}/: train one first "
+                                "(python train.py --config tiny), or pass --ckpt PATH")
+    return max(found, key=lambda p: p.stat().st_mtime)
 
 
 def parse_args(argv):
@@ -44,31 +125,21 @@ def parse_args(argv):
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     parser.add_argument("--warmup", action="store_true",
                         help="run the prompt once before timing (first-call costs, e.g. kernel compilation, excluded)")
-    parser.add_argument("--decoder", default="auto", choices=["auto", "naive", "fast"],
-                        help="naive: the model's concatenating KV cache (orthros.py); fast: engine.py's static cache "
-                             "and CUDA graphs; auto: fast on CUDA, else naive")
+    parser.add_argument("--decoder", default="naive", choices=["naive", "fast"],
+                        help="naive: the model's own KV cache (orthros.py, the default); fast: perf/engine.py's "
+                             "static cache and CUDA graphs, the same numbers, faster on a GPU")
     parser.add_argument("--json", action="store_true", help="end with one JSON line: timings and the samples")
     args = parser.parse_args(argv)
     if (args.prompt is None) == (args.prompt_file is None):
         parser.error("give exactly one of --prompt TEXT or --prompt_file PATH")
-    if args.num_samples < 1:
-        parser.error(f"--num_samples must be >= 1, got {args.num_samples}")
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        parser.error(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}")
-    if args.temperature < 0:
-        parser.error(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
-    if args.top_k is not None and args.top_k < 1:
-        parser.error(f"--top_k must be >= 1 (or left out to sample from every token), got {args.top_k}")
-    return parser, args
-
-
-def read_prompt(parser, args):
+    for name, low in (("num_samples", 1), ("max_new_tokens", 1), ("temperature", 0), ("top_k", 1)):
+        if getattr(args, name) is not None and getattr(args, name) < low:
+            parser.error(f"--{name} must be >= {low}, got {getattr(args, name)}")
     if args.prompt is not None:
         prompt = args.prompt
     else:
         try:
-            with open(args.prompt_file, encoding="utf-8") as f:
-                prompt = f.read()
+            prompt = Path(args.prompt_file).read_text(encoding="utf-8")
         except FileNotFoundError:
             parser.error(f"--prompt_file {args.prompt_file}: no such file")
         except UnicodeDecodeError as e:
@@ -76,12 +147,11 @@ def read_prompt(parser, args):
                          "save it as UTF-8 or pass --prompt")
     if not prompt:
         parser.error("the prompt is empty: the model needs at least one token to continue from")
-    return prompt
+    return args, prompt
 
 
 def main(argv=None):
-    parser, args = parse_args(argv)
-    prompt = read_prompt(parser, args)
+    args, prompt = parse_args(argv)
     try:
         device = pick_device(args.device)
         path = args.ckpt or find_latest_checkpoint(args.out_dir)
@@ -99,32 +169,34 @@ def main(argv=None):
     if device.startswith("cuda") and torch.cuda.is_bf16_supported():
         model = model.to(torch.bfloat16)
     print(f"loaded {path} (step {ckpt['step']}, {ckpt['model_config']['attn']}, {ckpt['tokenizer']} tokenizer) on {device}")
+    if args.decoder == "naive" and device.startswith("cuda"):
+        print("tip: --decoder fast decodes with a static cache and CUDA graphs (perf/engine.py), several times faster")
 
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)
-    decoder_name = args.decoder if args.decoder != "auto" else ("fast" if device.startswith("cuda") else "naive")
-    decoder = FastDecoder(model, args.num_samples, max_len=len(ids) + new_tokens) if decoder_name == "fast" else None
+    decoder = None  # the model's own prefill and decode
+    if args.decoder == "fast":
+        from perf.engine import FastDecoder
+        decoder = FastDecoder(model, args.num_samples, max_len=len(ids) + new_tokens)
     if args.warmup:  # the first call's costs: kernel compilation, graph capture
         for _ in model.generate_tokens(idx, min(3, new_tokens), temperature=0, decoder=decoder):
             pass
     torch.manual_seed(args.seed)
-    # The model's own decode loop yields one token per step: the first after prefill (TTFT).
     rows, ended = [], torch.zeros(args.num_samples, dtype=torch.bool, device=device)
     sync(device)
     t0 = time.perf_counter()
+    # The model's decode loop yields one token per step: the first right after prefill (TTFT).
     for step, next_idx in enumerate(model.generate_tokens(idx, new_tokens, args.temperature, args.top_k, decoder)):
         rows.append(next_idx)
         if step == 0:
             sync(device)
             ttft = time.perf_counter() - t0
-        if not args.no_stop:
-            ended |= next_idx[:, 0] == tokenizer.eot
-            if ended.all():  # every sample has ended: stop decoding
-                break
+        ended |= next_idx[:, 0] == tokenizer.eot
+        if ended.all() and not args.no_stop:  # every sample has ended: stop decoding
+            break
     sync(device)
     decode_time = time.perf_counter() - t0 - ttft
-    generated = torch.cat(rows, dim=1).tolist()
     texts = []
-    for i, row in enumerate(generated):
+    for i, row in enumerate(torch.cat(rows, dim=1).tolist()):
         if not args.no_stop and tokenizer.eot in row:
             row = row[:row.index(tokenizer.eot)]  # the end token and what would follow it are not shown
         texts.append(prompt + tokenizer.decode(row))
@@ -135,15 +207,12 @@ def main(argv=None):
     speed = n_decoded / decode_time if n_decoded else None
     print(f"prompt {len(ids)} tokens; time to first token {ttft * 1000:.1f} ms; decode "
           + (f"{speed:,.1f} tokens/s" if speed else "n/a") + f" (batch {args.num_samples}, {len(rows)} steps, "
-          f"{decoder_name} decoder)")
+          f"{args.decoder} decoder)")
     if args.json:
         print(json.dumps({"ckpt": str(path), "device": device, "prompt_tokens": len(ids), "batch": args.num_samples,
                           "new_tokens": len(rows), "ttft_ms": ttft * 1000, "decode_tokens_per_s": speed,
-                          "decoder": decoder_name, "samples": texts}))
+                          "decoder": args.decoder, "samples": texts}))
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        sys.exit("\ninterrupted")
+    main()

@@ -31,8 +31,8 @@ import torch
 
 import orthros
 from orthros import (ATTN_TYPES, Orthros, OrthrosConfig, attention_mask, blocked_sliding_window_attention,
-                     causal_attention, causal_depthwise_conv, dense_sliding_window_attention,
-                     flex_sliding_window_attention, in_window, sliding_window_block_mask)
+                     causal_depthwise_conv, compile_blocks, fast_reference_attention, flex_sliding_window_attention,
+                     in_window, reference_attention, sliding_window_block_mask)
 
 
 def make_model(attn="orthros", seed=0, dtype=torch.float64, randomize=True, **overrides):
@@ -45,7 +45,7 @@ def make_model(attn="orthros", seed=0, dtype=torch.float64, randomize=True, **ov
     if randomize:
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if name.split(".")[-1] in ("alpha", "beta", "alpha_out", "beta_out", "conv"):
+                if name.split(".")[-1] in ("alpha", "beta", "alpha_out", "beta_out") or ".conv." in name:
                     p.add_(0.5 * torch.randn_like(p))
     return model
 
@@ -161,7 +161,7 @@ def test_in_window_is_the_paper_window():
     assert torch.equal(in_window(t, j, None), j <= t)
 
 
-@pytest.mark.parametrize("swa", [dense_sliding_window_attention, blocked_sliding_window_attention],
+@pytest.mark.parametrize("swa", [reference_attention, blocked_sliding_window_attention],
                          ids=["dense", "blocked"])
 @pytest.mark.parametrize("T", [5, 8, 21])
 def test_window_boundary_is_exact(swa, T):
@@ -184,7 +184,7 @@ def test_window_boundary_is_exact_flex():
 @pytest.mark.parametrize("window", [8, None])
 def test_decode_reads_exactly_the_window(S, window):
     """The single-query decode path at t = S-1 reads exactly the keys {j : in_window(t, j, w)} (the last w, or all)."""
-    seen = keys_seen(lambda q, k, v, w: causal_attention(q, k, v, w), S, window, n_q=1)[0]
+    seen = keys_seen(lambda q, k, v, w: fast_reference_attention(q, k, v, w), S, window, n_q=1)[0]
     assert seen == [j for j in range(S) if in_window(S - 1, j, window)]
 
 
@@ -193,15 +193,15 @@ def test_patched_in_window_changes_dense_and_blocked(monkeypatch):
     torch.manual_seed(0)
     T, w = 21, 4
     q, k, v = (torch.randn(2, 3, T, 4, dtype=torch.float64) for _ in range(3))
-    dense, blocked = dense_sliding_window_attention(q, k, v, w), blocked_sliding_window_attention(q, k, v, w)
-    wider = dense_sliding_window_attention(q, k, v, w + 1)  # the window the patched predicate describes
+    dense, blocked = reference_attention(q, k, v, w), blocked_sliding_window_attention(q, k, v, w)
+    wider = reference_attention(q, k, v, w + 1)  # the window the patched predicate describes
 
     def off_by_one(q_pos, k_pos, window):  # a student's slip: <= where the paper has <
         causal = k_pos <= q_pos
         return causal if window is None else causal & (q_pos - k_pos <= window)
 
     monkeypatch.setattr(orthros, "in_window", off_by_one)
-    for swa, before in [(dense_sliding_window_attention, dense), (blocked_sliding_window_attention, blocked)]:
+    for swa, before in [(reference_attention, dense), (blocked_sliding_window_attention, blocked)]:
         after = swa(q, k, v, w)
         assert not torch.allclose(after, before)
         torch.testing.assert_close(after, wider, rtol=0, atol=1e-12)
@@ -223,7 +223,7 @@ def test_blocked_swa_equals_dense_reference(T, window):
     torch.manual_seed(T * 10 + window)
     q, k, v = (torch.randn(2, 3, T, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
     dy = torch.randn(2, 3, T, 4, dtype=torch.float64)
-    ref = dense_sliding_window_attention(q, k, v, window)
+    ref = reference_attention(q, k, v, window)
     ref_grads = torch.autograd.grad(ref, (q, k, v), dy)
     out = blocked_sliding_window_attention(q, k, v, window)
     out_grads = torch.autograd.grad(out, (q, k, v), dy)
@@ -237,7 +237,7 @@ def test_flex_swa_equals_dense_reference(T, window):
     """The FlexAttention window (compiled, on the CPU) equals the dense reference, for T below, at and off 128k."""
     torch.manual_seed(T)
     q, k, v = (torch.randn(2, 3, T, 16) for _ in range(3))
-    torch.testing.assert_close(flex_swa(q, k, v, window), dense_sliding_window_attention(q, k, v, window),
+    torch.testing.assert_close(flex_swa(q, k, v, window), reference_attention(q, k, v, window),
                                rtol=1e-5, atol=1e-5)
 
 
@@ -294,12 +294,12 @@ def test_base_stream_is_local(attn):
     far[0, : T - 1 - reach] = (far[0, : T - 1 - reach] + 1) % 37  # every token farther back than L(w-1)
     _, cache_far = model.prefill(far)
     for layer in range(3):
-        torch.testing.assert_close(cache_far.k[layer][..., -1, :], cache.k[layer][..., -1, :], rtol=0, atol=0)
-        torch.testing.assert_close(cache_far.v[layer][..., -1, :], cache.v[layer][..., -1, :], rtol=0, atol=0)
+        torch.testing.assert_close(cache_far.layers[layer].k[..., -1, :], cache.layers[layer].k[..., -1, :], rtol=0, atol=0)
+        torch.testing.assert_close(cache_far.layers[layer].v[..., -1, :], cache.layers[layer].v[..., -1, :], rtol=0, atol=0)
     near = idx.clone()
     near[0, T - 1 - (reach - 3)] = (near[0, T - 1 - (reach - 3)] + 1) % 37  # the last layer's keys reach (L-1)(w-1)
     _, cache_near = model.prefill(near)
-    assert not torch.equal(cache_near.k[2][..., -1, :], cache.k[2][..., -1, :])
+    assert not torch.equal(cache_near.layers[2].k[..., -1, :], cache.layers[2].k[..., -1, :])
 
 
 @pytest.mark.parametrize("attn", ATTN_TYPES)
@@ -326,10 +326,10 @@ def test_base_stream_never_sees_the_output_stream():
     idx = torch.randint(0, 37, (2, 30))
     _, cache_o = orthros.prefill(idx)
     _, cache_s = swa.prefill(idx)
-    assert cache_o.k[0].shape == (2, 2, 30, 8)  # T positions: output tokens add no keys
+    assert cache_o.layers[0].k.shape == (2, 2, 30, 8)  # T positions: output tokens add no keys
     for layer in range(2):
-        torch.testing.assert_close(cache_o.k[layer], cache_s.k[layer], rtol=0, atol=1e-12)
-        torch.testing.assert_close(cache_o.v[layer], cache_s.v[layer], rtol=0, atol=1e-12)
+        torch.testing.assert_close(cache_o.layers[layer].k, cache_s.layers[layer].k, rtol=0, atol=1e-12)
+        torch.testing.assert_close(cache_o.layers[layer].v, cache_s.layers[layer].v, rtol=0, atol=1e-12)
 
 
 # -----------------------------------------------------------------------------
@@ -383,7 +383,7 @@ def test_scale_offset_parameters():
     sizes = {}
     for attn, so in [("orthros", True), ("orthros", False), ("transformer", True), ("swa", True)]:
         model = Orthros(OrthrosConfig(vocab_size=37, n_layer=2, n_head=2, n_embd=16, attn=attn, scale_offset=so))
-        sizes[attn, so] = model.num_params()
+        sizes[attn, so] = sum(p.numel() for p in model.parameters())
     assert sizes["orthros", True] == sizes["transformer", True] + 2 * 4 * 16
     assert sizes["orthros", False] == sizes["transformer", True] == sizes["swa", True]
     attn = Orthros(OrthrosConfig(vocab_size=37, n_layer=1, n_head=2, n_embd=16)).blocks[0].attn
@@ -550,7 +550,7 @@ def test_cuda_fast_swa_matches_float64_reference(impl, T, window):
     q, k, v = (torch.randn(2, 6, T, 128, device="cuda") for _ in range(3))
     dy = torch.randn(2, 6, T, 128, device="cuda")
     ref = [t.double().requires_grad_() for t in (q, k, v)]
-    ref_out = dense_sliding_window_attention(*ref, window)
+    ref_out = reference_attention(*ref, window)
     ref_grads = torch.autograd.grad(ref_out, ref, dy.double())
     fast = [t.bfloat16().requires_grad_() for t in (q, k, v)]
     if impl == "flex":
@@ -576,7 +576,7 @@ def test_cuda_bf16_model_matches_float64_and_decodes_consistently(attn, compiled
     gpu.load_state_dict(model.state_dict())
     gpu = gpu.cuda()
     if compiled:
-        gpu.compile_blocks()
+        compile_blocks(gpu)
     logits, _ = gpu(idx.cuda())
     assert rel_err(logits, ref) < 2e-2
     inc = incremental_logits(gpu, idx.cuda(), 300)
@@ -601,7 +601,7 @@ def test_causal_depthwise_conv_continues_from_its_state():
     y2, state2 = causal_depthwise_conv(x[:, 5:], weight, state1)
     torch.testing.assert_close(torch.cat([y1, y2], dim=1), y, rtol=0, atol=1e-12)
     assert torch.equal(state2, state) and torch.equal(state, x[:, -2:])
-    assert make_model(conv_kernel=3).blocks[0].attn.conv.shape == (16, 1, 3)
+    assert make_model(conv_kernel=3).blocks[0].attn.conv.weight.shape == (16, 1, 3)
 
 
 # -----------------------------------------------------------------------------

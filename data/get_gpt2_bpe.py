@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `data` importable
-from common import atomic_write
+from data.prepare_utils import atomic_write
 from data.tokenizer import GPT2_BPE_FILE, GPT2_BPE_SHA256
 
 WHISPER = "openai-whisper==20250625"  # pinned: any release carries the same file, this one is checked

@@ -1,24 +1,39 @@
-"""Shared by every data/<name>/prepare.py: tokenize documents, write train.bin/val.bin/meta.json.
+"""Pre-training data: every data/<name>/prepare.py writes train.bin/val.bin/meta.json with these
+helpers, and train.py reads them back in random windows (PretrainBatches).
 
 The on-disk format is nanoGPT's: each split is one flat array of token ids stored as raw uint16,
 so training can read it with np.memmap(path, dtype=np.uint16, mode="r") without loading it.
 meta.json records how the bins were made (tokenizer, vocab size, token and document counts).
 
-    from data.prepare_utils import ensure_prepared, load_meta
-    data_dir = ensure_prepared("stdlib")   # runs data/stdlib/prepare.py once, if its bins are missing
-    meta = load_meta(data_dir)             # {"tokenizer": "byte", "vocab_size": 257, ...}
+    from data.prepare_utils import find_dataset, load_meta
+    data_dir = find_dataset("stdlib")   # runs data/stdlib/prepare.py once, if its bins are missing
+    meta = load_meta(data_dir)          # {"tokenizer": "byte", "vocab_size": 257, ...}
 """
 
 import importlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
-from common import atomic_write
-
 DATA_ROOT = Path(__file__).resolve().parent
+
+
+def atomic_write(path, write, mode="wb"):
+    """Call write(f) on a temporary file beside path, flush it to disk, then rename it over path.
+    Readers see the old file or the new one, never half of one, even if the process dies mid-write.
+    train.py writes its checkpoints and logs with it too."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, mode) as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())  # the bytes are on disk before the rename makes them the file
+    os.replace(tmp, path)
 
 
 def tokenize(docs, tokenizer, append_eot=True, desc="tokenizing"):
@@ -75,3 +90,45 @@ def ensure_prepared(name):
         print(f"{data_dir} is not prepared yet; running data/{name}/prepare.py")
         importlib.import_module(f"data.{name}.prepare").prepare()
     return data_dir
+
+
+def find_dataset(name_or_path, prepare=True):
+    """The dataset folder for --dataset: a folder path as given, or data/<name>/ (prepared on first
+    use, unless prepare=False). A clear ValueError for anything else."""
+    given = Path(name_or_path).expanduser()
+    if os.sep in name_or_path or name_or_path.startswith((".", "~")) or given.is_dir():
+        if not given.is_dir():
+            raise ValueError(f"--dataset {name_or_path}: no such folder")
+        return given
+    if name_or_path not in available_datasets():
+        raise ValueError(f"unknown dataset {name_or_path!r}: give a folder path, or one of {available_datasets()} "
+                         "(each a folder data/<name>/ with a prepare.py)")
+    try:
+        return ensure_prepared(name_or_path) if prepare else DATA_ROOT / name_or_path
+    except (ValueError, OSError, RuntimeError) as e:  # no source file, no network
+        raise ValueError(f"preparing dataset {name_or_path!r} failed: {e}") from None
+
+
+class PretrainBatches:
+    """Random windows of a folder's train.bin / val.bin: x, y (B, T) with y = x shifted by one."""
+
+    def __init__(self, data_dir, seq_len, device="cpu"):
+        self.paths = {split: Path(data_dir) / f"{split}.bin" for split in ("train", "val")}
+        self.seq_len, self.device = seq_len, device
+        for split, path in self.paths.items():
+            if not path.is_file():
+                hint = ("it holds SFT data (train.jsonl): add --task sft" if (Path(data_dir) / "train.jsonl").exists()
+                        else "prepare it first (data/<name>/prepare.py writes train.bin and val.bin)")
+                raise ValueError(f"{data_dir} has no {split}.bin for pre-training; {hint}")
+            if len(np.memmap(path, dtype=np.uint16, mode="r")) <= seq_len + 1:
+                raise ValueError(f"{path} has fewer than seq_len + 2 = {seq_len + 2} tokens; "
+                                 "lower --seq_len or prepare more data")
+
+    def get(self, split, batch_size, generator):
+        """(x, y, t_out): x, y (batch_size, T); every position is an output position, t_out = T."""
+        data = np.memmap(self.paths[split], dtype=np.uint16, mode="r")  # a fresh memmap per batch, as nanoGPT
+        T = self.seq_len
+        ix = torch.randint(len(data) - T - 1, (batch_size,), generator=generator).tolist()
+        x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in ix])
+        return x.to(self.device), y.to(self.device), T

@@ -158,6 +158,23 @@ def exact_match(examples, generate, batch_size=64):
     return {b: {"n": len(h), "accuracy": sum(h) / len(h)} for b, h in sorted(hits.items(), key=_bucket_order)}
 
 
+def exact_match_report(examples, generate, limit=-1):
+    """exact_match on the first `limit` examples (-1 = all) that keep a prompt, printed; returns the
+    scores, or None when there is nothing to score."""
+    examples = examples[:None if limit < 0 else limit]
+    scorable = [ex for ex in examples if has_prompt(ex)]
+    if len(scorable) < len(examples):
+        print(f"note: {len(examples) - len(scorable)} of {len(examples)} test examples are not scored: "
+              "truncation to seq_len left no prompt before their answer")
+    if not scorable:
+        return None
+    scores = exact_match(scorable, generate)
+    print("exact-match accuracy of greedy generation (KV cache) on test.jsonl" + (
+        f": {scores['all']['accuracy']:.3f} ({scores['all']['n']} examples)" if list(scores) == ["all"] else
+        ", by bucket:\n" + "\n".join(f"  {b:>12}: {r['accuracy']:.3f}  ({r['n']} examples)" for b, r in scores.items())))
+    return scores
+
+
 def _bucket_order(item):
     """Numbers, and ranges "lo-hi", sort by their (lower) value; other names after them, by name."""
     lo = item[0].split("-")[0]
@@ -170,3 +187,29 @@ def _bucket_order(item):
 def read_examples_dir(data_dir):
     """The JSONL splits found in an SFT dataset folder: {split name: path}."""
     return {p.stem: p for p in sorted(Path(data_dir).glob("*.jsonl"))}
+
+
+class SFTBatches:
+    """Random batches of a folder's SFT examples (train.py's data for --task sft): right-padded,
+    with the smallest t_out. Needs train.jsonl and val.jsonl (and curriculum.jsonl if named)."""
+
+    def __init__(self, data_dir, tokenizer, seq_len, overlong="drop", curriculum="", device="cpu", log=print):
+        splits = read_examples_dir(data_dir)
+        if not splits and list(Path(data_dir).glob("*.bin")):
+            raise ValueError(f"{data_dir} holds pre-training data (*.bin), not SFT JSONL: drop --task sft, or "
+                             "point --dataset at a folder with train.jsonl and val.jsonl")
+        for needed in ("train", "val") + ((curriculum,) if curriculum else ()):
+            if needed not in splits:
+                raise ValueError(f"{data_dir} has no {needed}.jsonl (SFT needs train.jsonl and val.jsonl"
+                                 + (f", and {curriculum}.jsonl for --curriculum" if curriculum else "") + ")")
+        self.examples, self.device = {}, device
+        for name, path in splits.items():
+            self.examples[name], report = load_examples(path, tokenizer, seq_len, overlong)
+            log(report)
+
+    def get(self, split, batch_size, generator):
+        """(x, y, t_out) of batch_size examples drawn at random from the split."""
+        pool = self.examples[split]
+        ix = torch.randint(len(pool), (batch_size,), generator=generator).tolist()
+        x, y, t_out = collate([pool[i] for i in ix])
+        return x.to(self.device), y.to(self.device), t_out

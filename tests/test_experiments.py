@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-import experiments as ex
-from checkpoint import load_checkpoint, save_checkpoint
+from repro import experiments as ex
+from sample import load_checkpoint
+from train import save_checkpoint
 from data.recall.prepare import PRESETS
 from data.sft import encode_example
 from data.tokenizer import get_tokenizer
 
-REPO = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_stats_use_the_sample_std_and_none_for_one_seed():

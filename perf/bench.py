@@ -15,9 +15,9 @@ Sections (pick with --sections):
 Every measurement also records the peak GPU memory. Results are printed as they come, and the
 JSON file is rewritten after every measurement, so a run cut short by a timeout keeps its figures.
 
-    python bench.py --compile                 # the paper size on a GPU (12 layers, d=768, w=128)
-    python bench.py --tiny --device cpu       # a CPU smoke run of every line, < 1 minute
-    python bench.py --sections prefill --prefill_lens 8192,32768
+    python perf/bench.py --compile                 # the paper size on a GPU (12 layers, d=768, w=128)
+    python perf/bench.py --tiny --device cpu       # a CPU smoke run of every line, < 1 minute
+    python perf/bench.py --sections prefill --prefill_lens 8192,32768
 
 Runtime on one H200 with --compile (estimated from the measurements in results/h200/; each section
 fits one 10-minute call, all three together do not): prefill ~5 min (T <= 256K ~1 min; the
@@ -28,23 +28,55 @@ compilation), train ~1 min.
 
 import argparse
 import dataclasses
+import datetime
 import gc
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 import traceback
+from pathlib import Path
 
 import torch
 
-from common import atomic_write, pick_device, run_meta, sync
-from engine import FastDecoder
-from orthros import Orthros, OrthrosConfig
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script (python perf/bench.py): import from the repository root
+from data.prepare_utils import atomic_write
+from orthros import Orthros, OrthrosConfig, compile_blocks
+from perf.engine import FastDecoder
+from sample import pick_device, sync
 
 MODELS = ("transformer", "orthros", "swa")  # the Transformer first: the others' speedups need it
 DECODERS = ("naive", "fast")                # model.decode with the KVCache; engine.FastDecoder
 TINY = dict(n_layer=2, n_embd=128, n_head=2, window=16, vocab_size=4096, prefill_lens="256,512,1024",
             long_T=512, decode_ctx="64,128", decode_batches="1,2", decode_steps=8, train_T=256, train_batch=2,
             reps=3)
+
+
+def git_state():
+    """(commit, clean): the checked-out commit and whether the tracked files have no uncommitted
+    changes; (None, None) without git. ORTHROS_GIT_COMMIT and ORTHROS_GIT_CLEAN (1 or 0), where set,
+    say it instead: for a copy of the tree whose .git is missing or stale."""
+    if os.environ.get("ORTHROS_GIT_COMMIT"):
+        clean = os.environ.get("ORTHROS_GIT_CLEAN")
+        return os.environ["ORTHROS_GIT_COMMIT"], (clean == "1") if clean in ("0", "1") else None
+    try:
+        git = lambda *args: subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+        commit = git("rev-parse", "--short", "HEAD")
+        return (commit, git("status", "--porcelain", "--untracked-files=no") == "") if commit else (None, None)
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def run_meta(device="cpu"):
+    """What a result file records about where it was measured (bench.py's and repro/experiments.py's)."""
+    device = torch.device(device)
+    commit, clean = git_state()
+    return {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "git_commit": commit, "git_clean": clean}
 
 
 # -----------------------------------------------------------------------------
@@ -181,7 +213,7 @@ def build_model(args, attn, dtype, device):
         model = Orthros(make_config(args, attn))
     model = model.to(dtype)
     if args.compile:  # fuse each block's elementwise work; the warm-up calls absorb compile time
-        model.compile_blocks()
+        compile_blocks(model)
     return model
 
 
@@ -271,7 +303,7 @@ def bench_decode(args, device, results, save):
                 if rec.get("ms_per_step"):
                     model = models[attn]
                     keys = ctx + args.warmup + (args.decode_steps + 1) / 2  # mean valid prefix of the timed steps
-                    rec["hbm_fraction"] = hbm_fraction(model.config, model.num_params(), B, keys,
+                    rec["hbm_fraction"] = hbm_fraction(model.config, sum(p.numel() for p in model.parameters()), B, keys,
                                                        rec["ms_per_step"] / 1e3, args.hbm_tbps * 1e12,
                                                        torch.finfo(args.dtype).bits // 8)
                 results["decode"].append(rec)
@@ -467,7 +499,7 @@ def parse_args(argv=None):
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated models for the prefill section")
     p.add_argument("--sections", default="prefill,decode,train", help="comma-separated subset of prefill,decode,train")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile every block of every model (model.compile_blocks()) in all sections, "
+                   help="torch.compile every block of every model (compile_blocks(model)) in all sections, "
                         "and each layer of the fast decoder's step (FastDecoder(compile=True))")
     p.add_argument("--out_json", default="bench_results.json", help="where to write every figure")
     p.add_argument("--out_png", default="bench_prefill.png", help="prefill plot (needs matplotlib); '' for none")

@@ -328,7 +328,7 @@ def test_readme_install_block_installs_what_the_tests_need():
     """The README's install block puts a CPU build of torch first, installs pytest, fetches the GPT-2
     BPE file, and ends with the same test command that CI (.ci/run) runs."""
     from pathlib import Path
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]
     readme = (root / "README.md").read_text()
     block = readme.split("## Install and test", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     lines = [line.split("#")[0].strip() for line in block.strip().splitlines() if line.split("#")[0].strip()]
@@ -344,7 +344,7 @@ def test_readme_install_block_installs_what_the_tests_need():
 
 def test_run_metadata_names_the_commit_given_by_the_environment(monkeypatch):
     """ORTHROS_GIT_COMMIT / ORTHROS_GIT_CLEAN override what git says (a copied tree's .git may be stale)."""
-    from common import git_state, run_meta
+    from perf.bench import git_state, run_meta
     monkeypatch.setenv("ORTHROS_GIT_COMMIT", "abc1234")
     monkeypatch.setenv("ORTHROS_GIT_CLEAN", "1")
     assert git_state() == ("abc1234", True)

@@ -1,14 +1,14 @@
 """
 Reproduce the paper's claims at classroom scale, with our own train.py and sample.py.
 
-    python experiments.py lm --seeds 3     # LM quality: transformer, swa, orthros, orthros w/o SO (Table 1, Fig. 2)
-    python experiments.py recall           # recall by distance (Table 3)
-    python experiments.py niah             # needle-in-a-haystack grids of the three recall models (Figure 3)
-    python experiments.py conversion --seeds 3   # transformer -> orthros vs. continued transformer (Table 2)
-    python experiments.py inference        # time to first token and decode speed of the LM models (Table 4)
-    python experiments.py plots            # PNGs from the JSONs (needs matplotlib)
-    python experiments.py recall niah --scale cpu   # the recall_tiny version (window 32), CPU minutes
-    python experiments.py all --scale tiny --seeds 2   # every step, tiny: a smoke test
+    python repro/experiments.py lm --seeds 3     # LM quality: transformer, swa, orthros, orthros w/o SO (Table 1, Fig. 2)
+    python repro/experiments.py recall           # recall by distance (Table 3)
+    python repro/experiments.py niah             # needle-in-a-haystack grids of the three recall models (Figure 3)
+    python repro/experiments.py conversion --seeds 3   # transformer -> orthros vs. continued transformer (Table 2)
+    python repro/experiments.py inference        # time to first token and decode speed of the LM models (Table 4)
+    python repro/experiments.py plots            # PNGs from the JSONs (needs matplotlib)
+    python repro/experiments.py recall niah --scale cpu   # the recall_tiny version (window 32), CPU minutes
+    python repro/experiments.py all --scale tiny --seeds 2   # every step, tiny: a smoke test
 
 Each step runs the same commands a user would (python train.py ..., python sample.py ...),
 --parallel of them at once (default: all at once on a GPU, where they share it; one by one on
@@ -43,9 +43,11 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import load_checkpoint, model_from_checkpoint
-from common import atomic_write, pick_device, run_meta
-from data.prepare_utils import ensure_prepared, load_meta
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script (python repro/experiments.py): import from the repository root
+from data.prepare_utils import atomic_write, ensure_prepared, load_meta
+from perf.bench import run_meta
+from sample import load_checkpoint, model_from_checkpoint, pick_device
 from data.recall.prepare import make_example
 from data.sft import encode_example, exact_match
 from data.tokenizer import get_tokenizer
@@ -588,6 +590,7 @@ STEPS = {"lm": step_lm, "recall": step_recall, "niah": step_niah, "conversion": 
 
 def main(argv=None):
     t_start = time.time()
+    os.chdir(REPO)  # the commands it runs (train.py, sample.py), results/ and out/ are the repository's
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("steps", nargs="+", choices=[*STEPS, "all"])
     parser.add_argument("--scale", default="gpu", choices=list(SCALES))

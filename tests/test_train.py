@@ -14,12 +14,13 @@ import pytest
 import torch
 
 import train
-from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from sample import load_checkpoint, model_from_checkpoint
+from train import save_checkpoint
 from data.sft import collate, encode_example
 from data.tokenizer import get_tokenizer
 from orthros import Orthros, OrthrosConfig
 
-REPO = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[1]
 TINY = ["--config", "tiny", "--device", "cpu", "--eval_iters", "2"]
 
 

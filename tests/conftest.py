@@ -1,11 +1,14 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures for the tests in this folder."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from data import tokenizer
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # `pytest tests/` from anywhere: import from the repository root
+from data import tokenizer  # noqa: E402
 
 
 def require_gpt2_bpe():

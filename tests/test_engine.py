@@ -9,7 +9,7 @@ Run: python -m pytest -q test_engine.py
 import pytest
 import torch
 
-from engine import FastDecoder, bucket_len
+from perf.engine import FastDecoder, bucket_len
 from orthros import ATTN_TYPES, Orthros, OrthrosConfig
 
 VOCAB = 61
@@ -132,7 +132,7 @@ def trained_tiny(tmp_path_factory):
     tokens from its validation text."""
     import numpy as np
     import train
-    from checkpoint import load_checkpoint, model_from_checkpoint
+    from sample import load_checkpoint, model_from_checkpoint
     from data.prepare_utils import DATA_ROOT
     out_dir = tmp_path_factory.mktemp("tiny") / "run"
     train.main(["--config", "tiny", "--device", "cuda", "--max_iters", "300", "--eval_interval", "300",
@@ -184,7 +184,7 @@ def test_cuda_graph_decoder_gives_the_naive_greedy_tokens(trained_tiny, compile)
 def test_decode_bytes_counts_the_prefix_once_and_swa_its_window():
     """A decode step must read every weight once plus the valid KV prefix (Orthros: once for both
     twins, like the Transformer; SWA: only its window)."""
-    from bench import decode_bytes
+    from perf.bench import decode_bytes
     cfg = {a: OrthrosConfig(attn=a, n_layer=2, n_embd=16, n_head=2, window=8, vocab_size=VOCAB) for a in ATTN_TYPES}
     kv_per_key = 2 * 2 * 16 * 2   # layers x (K, V) x n_embd x bf16 bytes
     assert decode_bytes(cfg["transformer"], 1000, 3, 100) == 1000 * 2 + 3 * 100 * kv_per_key
@@ -197,7 +197,7 @@ def test_bench_decode_section_runs_both_decoders(tmp_path):
     """python bench.py --sections decode (tiny, CPU): a median record for every model and decoder,
     with tokens/s, the HBM fraction, and the run's metadata in the JSON."""
     import json
-    import bench
+    from perf import bench
     out = tmp_path / "bench.json"
     bench.main(["--tiny", "--device", "cpu", "--sections", "decode", "--decode_ctx", "24", "--decode_batches", "2",
                 "--decode_reps", "2", "--decode_steps", "3", "--out_json", str(out), "--out_png", "", "--out_decode_png", ""])

@@ -103,7 +103,7 @@ def decode_layer(block, z, cache, q_affine, pos, rope, masks, window):
     h = block.ln_1(z)
     x = h[:, :1]                                          # Alg. 1, line 3: the base twin
     if conv_state is not None:                            # the optional short convolution
-        x, new_state = causal_depthwise_conv(x, attn.conv, conv_state)
+        x, new_state = causal_depthwise_conv(x, attn.conv.weight, conv_state)
         conv_state.copy_(new_state)
     k, v = attn.c_k(x), attn.c_v(x)                       # Alg. 1, line 4: K, V from the base twin
     q = attn.c_q(h)                                       # Alg. 1, line 5: one W_Q, then each twin's
@@ -185,10 +185,10 @@ class FastDecoder:
             raise ValueError(f"prompt of {T} tokens does not fit max_len={cache.max_len}")
         logits, naive = self.model.prefill(idx)
         for l, block in enumerate(self.model.blocks):
-            cache.k[l][:, :, :T].copy_(naive.k[l])
-            cache.v[l][:, :, :T].copy_(naive.v[l])
+            cache.k[l][:, :, :T].copy_(naive.layers[l].k)
+            cache.v[l][:, :, :T].copy_(naive.layers[l].v)
             if cache.conv[l] is not None:
-                cache.conv[l].copy_(naive.conv[l])
+                cache.conv[l].copy_(naive.layers[l].conv_state)
             if self.q_affine[l] is not None:
                 attn = block.attn
                 self.q_affine[l][0].copy_(torch.stack([attn.alpha, attn.alpha_out]))
