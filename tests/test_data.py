@@ -320,35 +320,3 @@ def test_recall_test_split_covers_the_buckets(tmp_path):
     for ex in test:
         lo, hi = map(int, ex["bucket"].split("-"))
         assert lo <= ex["distances"][0] < hi
-
-
-# ----------------------------------------------------------------------------- the README, followed literally
-
-def test_readme_install_block_installs_what_the_tests_need():
-    """The README's install block puts a CPU build of torch first, installs pytest, fetches the GPT-2
-    BPE file, and ends with the same test command that CI (.ci/run) runs."""
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    readme = (root / "README.md").read_text()
-    block = readme.split("## Install and test", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    lines = [line.split("#")[0].strip() for line in block.strip().splitlines() if line.split("#")[0].strip()]
-    torch_line = next(i for i, line in enumerate(lines) if line.startswith("pip install torch"))
-    requirements_line = next(i for i, line in enumerate(lines) if "-r requirements.txt" in line)
-    assert torch_line < requirements_line and "whl/cpu" in lines[torch_line]
-    assert "pytest" in lines[requirements_line].split()
-    assert "python data/get_gpt2_bpe.py" in lines
-    ci = [line.strip() for line in (root / ".ci" / "run").read_text().splitlines() if line.strip().startswith("python")]
-    assert lines[-1] == ci[-1] == "python -m pytest -q"
-    assert "python data/get_gpt2_bpe.py" in ci
-
-
-def test_run_metadata_names_the_commit_given_by_the_environment(monkeypatch):
-    """ORTHROS_GIT_COMMIT / ORTHROS_GIT_CLEAN override what git says (a copied tree's .git may be stale)."""
-    from perf.bench import git_state, run_meta
-    monkeypatch.setenv("ORTHROS_GIT_COMMIT", "abc1234")
-    monkeypatch.setenv("ORTHROS_GIT_CLEAN", "1")
-    assert git_state() == ("abc1234", True)
-    assert run_meta()["git_commit"] == "abc1234" and run_meta()["git_clean"] is True
-    monkeypatch.delenv("ORTHROS_GIT_COMMIT")
-    commit, clean = git_state()
-    assert commit is None or isinstance(clean, bool)
