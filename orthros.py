@@ -64,7 +64,7 @@ class OrthrosConfig:
     rope_base: float = 10000.0
     dropout: float = 0.0
     conv_kernel: int = 0         # not in the paper: 0 = off (part 2); e.g. 3 for the tiny recall models
-    swa_impl: str = "auto"       # kernel (part 3): "auto" (flex on CUDA, else blocked) | "flex" | "blocked" | "dense"
+    swa_impl: str = "auto"       # which kernel computes the attention: part 3 ("dense" = the reference)
 
     def __post_init__(self):
         _check_config(self)

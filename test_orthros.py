@@ -23,8 +23,6 @@ paths against the same references and skip only where there is no GPU.
 """
 
 import math
-import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -602,15 +600,3 @@ def test_causal_depthwise_conv_continues_from_its_state():
     torch.testing.assert_close(torch.cat([y1, y2], dim=1), y, rtol=0, atol=1e-12)
     assert torch.equal(state2, state) and torch.equal(state, x[:, -2:])
     assert make_model(conv_kernel=3).blocks[0].attn.conv.weight.shape == (16, 1, 3)
-
-
-# -----------------------------------------------------------------------------
-# The README's map from the paper to the code stays true
-
-def test_readme_alg_map():
-    """Each '# Alg. X, line Y' mark of the README's table is a comment in orthros.py exactly once; none is missing."""
-    root = Path(__file__).resolve().parent
-    table = re.findall(r"^\|.*\| `(# Alg\. [12], lines? [\d-]+)` \|$", (root / "README.md").read_text(), re.M)
-    code = re.findall(r"# Alg\. [12], lines? [\d-]+", (root / "orthros.py").read_text())
-    assert len(table) == len(set(table)) == 16
-    assert sorted(code) == sorted(table)
