@@ -7,6 +7,7 @@ tiktoken downloads this file from openaipublic.blob.core.windows.net, which offl
 distribution on PyPI as whisper/assets/gpt2.tiktoken, so we pip-download that and extract it.
 """
 
+import argparse
 import hashlib
 import subprocess
 import sys
@@ -39,4 +40,5 @@ def main():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

@@ -143,3 +143,21 @@ def test_run_metadata_names_the_commit_and_whether_the_tree_was_clean(tmp_path, 
     monkeypatch.setattr(bench, "REPO", tmp_path / "nowhere")  # not a git checkout at all
     (tmp_path / "nowhere").mkdir()
     assert bench.git_state() == (None, None)
+
+
+# -----------------------------------------------------------------------------
+# Every script answers --help, and only that
+
+SCRIPTS = sorted(str(p.relative_to(REPO)) for p in [*REPO.glob("data/*.py"), *REPO.glob("data/*/*.py")]
+                 if 'if __name__ == "__main__"' in p.read_text())
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_data_script_answers_help_without_doing_anything(script, tmp_path):
+    """`python data/.../script.py --help` prints its usage and exits 0, writing and fetching nothing."""
+    import sys
+    before = {p: p.stat().st_mtime_ns for p in (REPO / "data").rglob("*") if p.is_file()}
+    done = subprocess.run([sys.executable, script, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage:"), done.stderr
+    after = {p: p.stat().st_mtime_ns for p in (REPO / "data").rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    assert {p: t for p, t in before.items() if "__pycache__" not in p.parts} == after

@@ -3,6 +3,7 @@
     python data/recall_tiny/prepare.py
 """
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -16,4 +17,5 @@ def prepare(out_dir=None):
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     prepare()

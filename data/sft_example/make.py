@@ -11,6 +11,7 @@ at the end of an SFT run. The files are committed, so `--task sft --dataset data
 works without running this script; it documents how they were made.
 """
 
+import argparse
 import json
 import random
 from pathlib import Path
@@ -40,4 +41,5 @@ def main():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()
