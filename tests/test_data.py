@@ -5,6 +5,7 @@
 The GPT-2 tests need data/gpt2.tiktoken; fetch it once with `python data/get_gpt2_bpe.py`.
 """
 
+import hashlib
 import json
 import random
 
@@ -14,7 +15,7 @@ import pytest
 import data.prepare_utils as prepare_utils
 import data.stdlib.prepare as stdlib_prepare
 from data.prepare_utils import ensure_prepared, load_meta
-from data.recall.prepare import make_example
+from data.recall.prepare import FILLER, KEYS, PRESETS, QUERY, VALUES, make_example
 from data.recall.prepare import prepare as prepare_recall
 from data.sft import IGNORE, collate, encode_example, load_examples, read_jsonl
 from data.shakespeare.prepare import prepare as prepare_shakespeare
@@ -320,3 +321,91 @@ def test_recall_test_split_covers_the_buckets(tmp_path):
     for ex in test:
         lo, hi = map(int, ex["bucket"].split("-"))
         assert lo <= ex["distances"][0] < hi
+
+
+def read_split(folder, split):
+    return [json.loads(line) for line in open(folder / f"{split}.jsonl")]
+
+
+# sha256 of the files that data/recall/prepare.py wrote before the training split got its last-pair
+# share (commit 9334e2d), for seed 7 and these sizes: the other splits, and the train split with
+# last_pair_frac=0, must stay exactly these.
+RECALL_SMALL = {"tiny": dict(n_train=40, n_short=5, n_val=5, n_test_per_bucket=4),
+                "default": dict(n_train=20, n_short=5, n_val=5, n_test_per_bucket=2)}
+RECALL_BEFORE = {
+    "tiny": {"train": "c618735ed431fb6d25a16dde070270f74d5d76d6b519a4a4275ea3e70733846c",
+             "train_short": "ab5d85dee589d681bda71faaa0f379d678a1175ff768f0fa9363312d5c5b0859",
+             "val": "fe69d5fc01feaddcd136e57876ac5179f9135362d4233753afef6f1a8e97bead",
+             "test": "7d5701b55576673e47df12b4bff19dab1eda53bfe99827c98d4d7f3411bd5853"},
+    "default": {"train": "79072d8fb4bd3486b7b30a62c0dfd22e6c02badbcc67337cc49d0f02a1fe9134",
+                "train_short": "93e62460de8d7503ab1e1b0c42785edf439981868dc291861610126286816a0a",
+                "val": "ca6163571db5955aedd798692042532c25aa48e44f4f97355cfebb14b308a4f7",
+                "test": "2bde0875af707e1fbd1d63d8114e170b9acf0a6da0d6fd26390754a2e02af603"}}
+
+
+@pytest.mark.parametrize("preset", ["tiny", "default"])
+def test_recall_only_the_train_split_changed_and_the_test_split_is_as_before(tmp_path, preset):
+    """train_short, val and test are byte for byte what the generator wrote before the last-pair
+    share (so the test buckets and their distances are the same examples), and so is the train
+    split with last_pair_frac=0; with the share, only the chosen train examples differ."""
+    digest = lambda folder, split: hashlib.sha256((folder / f"{split}.jsonl").read_bytes()).hexdigest()
+    prepare_recall(preset, tmp_path / "now", seed=7, **RECALL_SMALL[preset])
+    prepare_recall(preset, tmp_path / "zero", seed=7, last_pair_frac=0, **RECALL_SMALL[preset])
+    for split in ("train_short", "val", "test"):
+        assert digest(tmp_path / "now", split) == digest(tmp_path / "zero", split) == RECALL_BEFORE[preset][split]
+    assert digest(tmp_path / "zero", "train") == RECALL_BEFORE[preset]["train"]
+    now, zero = read_split(tmp_path / "now", "train"), read_split(tmp_path / "zero", "train")
+    changed = [i for i, (a, b) in enumerate(zip(now, zero)) if a != b]
+    assert len(now) == len(zero) and len(changed) == round(PRESETS[preset]["last_pair_frac"] * len(now))
+    assert all(now[i]["distances"][0] == 3 for i in changed)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "default"])
+def test_recall_train_split_has_its_share_of_pairs_right_before_the_query(tmp_path, preset):
+    """A share last_pair_frac of the training examples asks first for the context's last pair:
+    "...Kv?K" -> v, distance 3, the needle at depth 1 of the NIAH grid; their other pairs lie
+    before it and are queried after it. The rest scatter their pairs as before."""
+    from repro.experiments import needle_distance  # the NIAH layout this share covers
+    p = PRESETS[preset]
+    n_train = 200 if preset == "tiny" else 50
+    meta = prepare_recall(preset, tmp_path, n_train=n_train, n_short=2, n_val=2, n_test_per_bucket=1)
+    assert p["last_pair_frac"] == 0.1
+    assert meta["train_last_pair_examples"] == round(0.1 * n_train) == meta["params"]["last_pair_frac"] * n_train
+    train, L = read_split(tmp_path, "train"), p["context_len"]
+    last = [ex for ex in train if ex["turns"][0][L - 2:L] == ex["turns"][0][L + 1] + ex["turns"][1]]
+    assert len(last) >= meta["train_last_pair_examples"]  # scattering alone does it now and then
+    assert len(last) <= meta["train_last_pair_examples"] + 0.02 * n_train
+    for ex in last:
+        assert ex["distances"][0] == 3 == needle_distance(L, 1.0)
+        assert ex["turns"][0][L:] == QUERY + ex["turns"][0][L - 2]
+        assert all(d > 4 + 4 * j for j, d in enumerate(ex["distances"][1:], start=1))  # the others lie before it
+    # the rest still spread their first queries over the whole context
+    first = sorted(ex["distances"][0] for ex in train if ex not in last)
+    assert first[0] < L // 4 and first[-1] > 3 * L // 4
+
+
+@pytest.mark.parametrize("preset", ["tiny", "default"])
+def test_recall_format_is_unchanged(tmp_path, preset):
+    """Every split keeps its keys and layout: n_pairs unique keys in context_len tokens of filler,
+    "?K" prompts and one-letter answers, distances that point at the pair; meta adds only
+    last_pair_frac (in params) and train_last_pair_examples."""
+    p = PRESETS[preset]
+    meta = prepare_recall(preset, tmp_path, n_train=60, n_short=20, n_val=5, n_test_per_bucket=2)
+    assert set(meta) == {"tokenizer", "vocab_size", "task", "seed", "source", "preset", "params", "test_edges",
+                         "train_last_pair_examples", "train_examples", "train_short_examples", "val_examples",
+                         "test_examples"}
+    tok = get_tokenizer("byte")
+    for split, L, n_q in (("train", p["context_len"], p["n_queries"]), ("val", p["context_len"], p["n_queries"]),
+                          ("train_short", p["short_context_len"], p["n_short_queries"]), ("test", p["context_len"], 1)):
+        for ex in read_split(tmp_path, split):
+            assert set(ex) == ({"turns", "distances", "bucket"} if split == "test" else {"turns", "distances"})
+            turns = ex["turns"]
+            assert len(turns) == 2 * n_q == 2 * len(ex["distances"]) and len(turns[0]) == L + 2
+            assert all(len(t) == 2 and t[0] == QUERY for t in turns[2::2]) and all(len(t) == 1 for t in turns[1::2])
+            context = turns[0][:L]
+            keys = [c for c in context if c.isupper()]
+            assert len(keys) == len(set(keys)) == p["n_pairs"] and set(context) <= set(KEYS + VALUES + FILLER)
+            text = "".join(chr(t) if t < 256 else "$" for t in encode_example(turns, tok)[0])
+            for j, d in enumerate(ex["distances"]):
+                q = L + 1 + 4 * j
+                assert text[q - 1] == QUERY and text[q - d] == text[q] and text[q - d + 1] == text[q + 1]

@@ -17,6 +17,14 @@ context), in tokens. Training examples scatter the pairs over the whole context 
 all (multi-turn); the test split has one query per example, its distance drawn inside one of
 the buckets given by --test_edges (by default: inside the window w, then w-2w, 2w-4w, 4w-8w,
 8w-16w, as far as the context reaches).
+
+Scattering almost never puts a pair flush against the query ("...Kv?K", distance 3: the needle
+at depth 1 of repro/experiments.py's needle in a haystack), the one place where a value is
+followed by "?" instead of filler or another pair. So a share --last_pair_frac of the training
+examples (10%) is drawn instead as that layout: the first query asks for the context's last pair,
+the other pairs scattered before it and queried after it. These come from a second random stream
+(seeded from --seed), so the main stream is the same as with --last_pair_frac 0: the other
+training examples and the train_short, val and test splits are exactly what they were before.
 Everything is deterministic given --seed.
 """
 
@@ -29,21 +37,24 @@ from pathlib import Path
 
 if __name__ == "__main__":  # run as a script: make `import data` work from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from data.prepare_utils import write_json_atomic
+from data.prepare_utils import atomic_write, write_json_atomic
 from data.tokenizer import get_tokenizer
 
 KEYS, VALUES = string.ascii_uppercase, string.ascii_lowercase
 FILLER = string.digits + ".,;:!()"
 QUERY = "?"
+LAST_PAIR_DISTANCE = 3  # the first query's key (context_len + 1) minus the last pair's key (context_len - 2)
 
 PRESETS = {
     # window 128: distances up to 2048+ (16 windows); the `recall` config (one GPU, minutes).
     # The short warm-up split packs the pairs and keeps every query inside the window.
     "default": dict(window=128, context_len=2100, short_context_len=16, n_pairs=8, n_queries=8, n_short_queries=8,
-                    n_keys=26, n_values=26, n_train=6000, n_short=20000, n_val=200, n_test_per_bucket=100),
+                    n_keys=26, n_values=26, n_train=6000, n_short=20000, n_val=200, n_test_per_bucket=100,
+                    last_pair_frac=0.1),
     # window 32: the same task at a quarter of the scale; the `recall_tiny` config (2 CPU cores)
     "tiny": dict(window=32, context_len=300, short_context_len=16, n_pairs=8, n_queries=8, n_short_queries=4,
-                 n_keys=26, n_values=26, n_train=20000, n_short=10000, n_val=200, n_test_per_bucket=100),
+                 n_keys=26, n_values=26, n_train=20000, n_short=10000, n_val=200, n_test_per_bucket=100,
+                 last_pair_frac=0.1),
 }
 
 
@@ -88,10 +99,29 @@ def bucket_name(distance, edges):
     return f">={edges[-1]}"
 
 
+def train_split(rng, p, shape, seed):
+    """n_train examples from rng, a share last_pair_frac of them replaced by examples whose first
+    query asks for the last pair of the context (drawn from a second stream, seeded from seed):
+    rng advances exactly as with last_pair_frac 0. Returns the examples and the replaced indices."""
+    last_rng = random.Random(f"recall-last-pair-{seed}")
+    n_last = round(p["last_pair_frac"] * p["n_train"])
+    last = set(last_rng.sample(range(p["n_train"]), n_last))
+    examples = []
+    for i in range(p["n_train"]):
+        ex = make_example(rng, p["context_len"], n_queries=p["n_queries"], **shape)  # drawn either way
+        if i in last:
+            ex = make_example(last_rng, p["context_len"], n_queries=p["n_queries"],
+                              first_distance=LAST_PAIR_DISTANCE, **shape)
+        examples.append(ex)
+    return examples, sorted(last)
+
+
 def prepare(preset="default", out_dir=None, seed=1337, **overrides):
     """Write train.jsonl, train_short.jsonl (short, near-only: the warm-up), val.jsonl, test.jsonl
     and meta.json to out_dir."""
     p = {**PRESETS[preset], **overrides}
+    if not 0 <= p["last_pair_frac"] <= 1:
+        raise ValueError(f"last_pair_frac must be in [0, 1], got {p['last_pair_frac']}")
     w = p["window"]
     edges = p.get("test_edges") or [1, w, 2 * w, 4 * w, 8 * w, 16 * w]
     edges = [e for e in edges if e <= p["context_len"] + 1] or [1]
@@ -101,8 +131,9 @@ def prepare(preset="default", out_dir=None, seed=1337, **overrides):
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     shape = dict(n_pairs=p["n_pairs"], n_keys=p["n_keys"], n_values=p["n_values"])
+    train, last = train_split(rng, p, shape, seed)
     splits = {
-        "train": [make_example(rng, p["context_len"], n_queries=p["n_queries"], **shape) for _ in range(p["n_train"])],
+        "train": train,
         "train_short": [make_example(rng, p["short_context_len"], n_queries=p["n_short_queries"], **shape)
                         for _ in range(p["n_short"])],
         "val": [make_example(rng, p["context_len"], n_queries=p["n_queries"], **shape) for _ in range(p["n_val"])],
@@ -116,11 +147,11 @@ def prepare(preset="default", out_dir=None, seed=1337, **overrides):
     splits["test"] = test
     for name, examples in splits.items():
         text = "".join(json.dumps(ex) + "\n" for ex in examples)
-        (out_dir / f"{name}.jsonl").write_text(text)
+        atomic_write(out_dir / f"{name}.jsonl", lambda f: f.write(text), mode="w")
     tok = get_tokenizer("byte")
     meta = {"tokenizer": tok.name, "vocab_size": tok.vocab_size, "task": "sft", "seed": seed,
             "source": "synthetic associative recall (data/recall/prepare.py)", "preset": preset,
-            "params": p, "test_edges": edges,
+            "params": p, "test_edges": edges, "train_last_pair_examples": len(last),
             **{f"{name}_examples": len(ex) for name, ex in splits.items()}}
     write_json_atomic(out_dir / "meta.json", meta)  # last: its presence means the split files are whole
     print(f"wrote {out_dir}: " + ", ".join(f"{len(ex)} {name}" for name, ex in splits.items()))
@@ -133,7 +164,7 @@ if __name__ == "__main__":
     parser.add_argument("--out_dir", help="default: this folder (data/recall/)")
     parser.add_argument("--seed", type=int, default=1337)
     for key, value in PRESETS["default"].items():
-        parser.add_argument(f"--{key}", type=int, help=f"default {value} (preset 'tiny': {PRESETS['tiny'][key]})")
+        parser.add_argument(f"--{key}", type=type(value), help=f"default {value} (preset 'tiny': {PRESETS['tiny'][key]})")
     parser.add_argument("--test_edges", help="comma-separated bucket edges for the test distances")
     args = vars(parser.parse_args())
     if args["test_edges"]:
