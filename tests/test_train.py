@@ -1,7 +1,7 @@
 """
-Tests for train.py, sample.py and checkpoint.py: CPU, offline, tiny models, a minute or so.
+Tests for train.py and sample.py (and the checkpoints they write and read): CPU, offline, tiny models.
 
-    python -m pytest -q test_train.py
+    python -m pytest -q tests/test_train.py
 """
 
 import json
@@ -205,11 +205,42 @@ def test_sample_runs_and_greedy_output_is_deterministic(tiny_ckpt):
     assert "def main():" in runs[0].stdout
 
 
-def test_sample_finds_the_newest_checkpoint(tiny_ckpt):
-    """Without --ckpt, sample.py loads the newest checkpoint under --out_dir."""
-    r = sample("--out_dir", str(tiny_ckpt.parent), "--prompt", "x", "--max_new_tokens", "3")
+def test_sample_decodes_with_the_naive_cache_unless_asked(tiny_ckpt):
+    """sample.py runs orthros.py's decoder by default (no tip on CPU); --decoder fast gives the same greedy text."""
+    args = ("--ckpt", str(tiny_ckpt), "--prompt", "def main():", "--temperature", "0", "--max_new_tokens", "40", "--no_stop")
+    naive, fast = sample(*args), sample(*args, "--decoder", "fast")
+    assert naive.returncode == 0 and fast.returncode == 0, naive.stderr + fast.stderr
+    assert "naive decoder)" in naive.stdout and "fast decoder)" in fast.stdout and "tip:" not in naive.stdout
+    assert naive.stdout.split("----------")[1] == fast.stdout.split("----------")[1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_sample_suggests_the_fast_decoder(tiny_ckpt):
+    """On CUDA, the naive default prints a one-line tip naming --decoder fast; with it, no tip."""
+    args = ("--ckpt", str(tiny_ckpt), "--prompt", "x", "--max_new_tokens", "5", "--device", "cuda")
+    r = subprocess.run([sys.executable, "sample.py", *args], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "ckpt_" in r.stdout
+    assert sum(line.startswith("tip:") and "--decoder fast" in line for line in r.stdout.splitlines()) == 1
+    r = subprocess.run([sys.executable, "sample.py", *args, "--decoder", "fast"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0 and "tip:" not in r.stdout, r.stderr
+
+
+def test_sample_finds_the_newest_checkpoint(tiny_ckpt, tmp_path):
+    """Without --ckpt, sample.py loads the most recently written checkpoint under --out_dir, in any subfolder."""
+    import shutil
+    import time
+    older, newer = tmp_path / "a" / "ckpt_last.pt", tmp_path / "b" / "deeper" / "ckpt_best.pt"
+    for path in (newer, older):  # written in this order: `older` gets the newer mtime...
+        path.parent.mkdir(parents=True)
+        shutil.copy(tiny_ckpt, path)
+    now = time.time()
+    os.utime(older, (now - 100, now - 100))  # ...until we make it the older one
+    r = sample("--out_dir", str(tmp_path), "--prompt", "x", "--max_new_tokens", "3")
+    assert r.returncode == 0, r.stderr
+    assert f"loaded {newer} " in r.stdout
+    os.utime(newer, (now - 200, now - 200))
+    r = sample("--out_dir", str(tmp_path), "--prompt", "x", "--max_new_tokens", "3")
+    assert f"loaded {older} " in r.stdout
 
 
 def test_sample_errors_are_clear(tmp_path, tiny_ckpt, gpt2_bpe):
@@ -467,6 +498,20 @@ def test_ctrl_c_in_a_terminal_prints_one_line_not_a_traceback(tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "Resume with: python train.py" in out
     assert load_checkpoint(tmp_path / "ckpt_last.pt")["step"] >= 2
+
+
+def test_ctrl_c_while_train_py_starts_prints_one_line(tmp_path):
+    """A real SIGINT while train.py is still importing torch stops it with one line, no traceback, nothing written."""
+    import signal
+    import time
+    proc = subprocess.Popen([sys.executable, "-u", "train.py", *TINY, "--out_dir", str(tmp_path / "run")], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # past Python's start-up (tens of ms), inside `import torch` (over a second)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in err, err
+    assert err.strip() == "interrupted before training started; nothing was written", err
+    assert not (tmp_path / "run").exists()
 
 
 def test_shape_options_ignored_by_a_checkpoint_are_reported(pretrained, tmp_path, capsys):
