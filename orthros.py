@@ -26,8 +26,9 @@ How this file reads, top to bottom:
   1. the method: the config, RoPE, the window (one predicate, in_window), the reference
      attention softmax(Q K^T / sqrt(D) + mask) V, Orthros attention (Alg. 1), MLP, Block, the
      naive KV cache, and the model (Alg. 2) with prefill, decode, generate and the conversion;
-  2. the checks of what the model accepts, and one thing not in the paper: an optional short
-     convolution before K and V (off by default), which helps tiny models learn recall;
+  2. sampling the next token, the checks of what the model accepts, and one thing not in the
+     paper: an optional short convolution before K and V (off by default; it helps tiny models
+     learn recall);
   3. the fast paths: the same numbers as the reference attention by faster kernels (the
      window in O(T w) with plain SDPA or FlexAttention), and torch.compile. The tests hold
      them to part 1: a first reading can stop before part 3.
