@@ -4,13 +4,20 @@ orthros.py (Orthros.prefill / Orthros.decode), with a preallocated cache and a c
 
 The naive decoder grows its cache by concatenation (every step copies the whole cache) and
 launches a few hundred small kernels per token from Python. FastDecoder instead:
-  - keeps, per layer, K and V of shape (B, H, max_len, D) (and the conv state, if any),
-    allocated once and written in place: the new token's K, V go to row `pos`, a device tensor;
-  - reads only the valid prefix of the cache, rounded up to a bucket (bucket_len), and masks
-    the rows past it: within a bucket a step's shapes, and so its captured graph, stay fixed;
+  - keeps, per layer, K (B, H, rows, D) and V in chunks (rows / chunk, B, H, chunk, D) (and the
+    conv state, if any), allocated once, rows = max_len rounded up to a whole bucket, and written
+    in place: the new token's K, V go to row `pos`, a device tensor;
+  - reads only the valid prefix of the cache, rounded up to a bucket (bucket_len, always a whole
+    number of chunks), and masks the rows past it: within a bucket a step's shapes, and so its
+    captured graph, stay fixed;
   - computes both twins' attention in one pass (decode_attention): the queries (B, H, 2, D) of
     the base and the output twin meet every key once (q @ K^T), row 0 (base twin) is masked to
-    its window, row 1 (output twin) sees all keys; softmax in float32; @ V;
+    its window, row 1 (output twin) sees all keys; softmax in float32; then @ V chunk by chunk
+    (one batched matmul over all chunks, the partial sums added up);
+  - from split_k_from keys on, splits the softmax over the chunks too (flash-decoding,
+    split_k_attention): per-chunk maxima, sums and outputs, then one combine; so that a long
+    context keeps the whole GPU busy even at batch 1 (a softmax kernel runs one row per block:
+    B * H * 2 rows of 131,072 keys leave most of an H200 idle);
   - on CUDA, replays the step as a CUDA graph per bucket (compile=True: each layer is fused by
     torch.compile first). On CPU the same code runs eagerly; the tests compare it there.
 results/h200/probe_decode_NOTE.md compares this attention with one SDPA call per twin (3-16x
@@ -27,12 +34,20 @@ import torch
 import orthros
 from orthros import apply_rope, causal_depthwise_conv, rope_cos_sin
 
+SPLIT_K_FROM = 16384  # FastDecoder's default: split the softmax over chunks from this many keys on
+
+
+def bucket_granularity(n, chunk=256):
+    """The step of the buckets around n keys: max(chunk, the power of two <= n / 64)."""
+    return max(chunk, 1 << max((n - 1).bit_length() - 7, 0))
+
 
 def bucket_len(n, chunk=256):
     """How many cache rows a step with n valid keys reads: n rounded up to a multiple of
-    g = max(chunk, a power of two <= n / 64). So a step reads at most max(chunk, n/64) rows too
-    many (1.6%), and a context that doubles crosses at most 64 buckets (graphs)."""
-    g = max(chunk, 1 << max((n - 1).bit_length() - 7, 0))
+    g = bucket_granularity(n, chunk), a multiple of chunk (a power of two). So a step reads at
+    most max(chunk, n/64) rows too many (1.6%), and a context that doubles crosses at most 64
+    buckets (graphs). Non-decreasing in n: bucket_len(max_len) rows hold every bucket."""
+    g = bucket_granularity(n, chunk)
     return -(-n // g) * g
 
 
@@ -56,16 +71,29 @@ def window_rows(pos, window):
     return k_pos.clamp(min=0), torch.where(allowed, 0.0, float("-inf"))[None]
 
 
-def _scores(q, k):
-    """q @ k^T in at least float32: (B, H, L, D) x (B, H, S, D) -> (B, H, L, S).
+def value_slots(rows, batch_heads, chunk):
+    """Where cache rows `rows` (m,) of every sequence and head lie in a value cache of chunks
+    (n, B, H, chunk, D) seen as (n * B * H * chunk, D) rows: (B * H, m) indices."""
+    bh = torch.arange(batch_heads, device=rows.device)[:, None]
+    return ((rows // chunk) * batch_heads + bh) * chunk + rows % chunk
+
+
+def _wide_bmm(a, b):
+    """a @ b for 3-D a, b, in at least float32: bf16/fp16 inputs give float32 output.
     NOTE: bf16 scores would be rounded to ~3 digits before the softmax (a score of 10 off by
     0.04 changes its weight by 4%); cuBLAS accumulates in float32 and can write float32."""
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        return q @ k.transpose(-1, -2)
-    if not q.is_cuda:  # the CPU has no float32-output bmm; upcasting costs nothing that matters there
-        return q.float() @ k.float().transpose(-1, -2)
+    if a.dtype not in (torch.float16, torch.bfloat16):
+        return torch.bmm(a, b)
+    if not a.is_cuda:  # the CPU has no float32-output bmm; upcasting costs nothing that matters there
+        return torch.bmm(a.float(), b.float())
+    return torch.bmm(a, b, out_dtype=torch.float32)
+
+
+def _scores(q, k):
+    """q @ k^T in at least float32: (B, H, L, D) x (B, H, S, D) -> (B, H, L, S): one matmul
+    over all S keys (S is a whole bucket: cuBLAS is fast at such lengths, see FastDecoder)."""
     B, H, L, D = q.shape
-    out = torch.bmm(q.reshape(B * H, L, D), k.reshape(B * H, -1, D).transpose(1, 2), out_dtype=torch.float32)
+    out = _wide_bmm(q.reshape(B * H, L, D), k.reshape(B * H, -1, D).transpose(1, 2))
     return out.view(B, H, L, -1)
 
 
@@ -76,28 +104,76 @@ def attend(q, k, v, mask):
     return torch.softmax(scores, dim=-1).to(v.dtype) @ v
 
 
-def decode_attention(q, k_cache, v_cache, masks, window):
+def chunked_values(p, v_chunks):
+    """sum_c P_c @ V_c: p (B, H, L, S) float32 weights, v_chunks (n, B, H, c, D) the values of
+    S = n * c keys in chunks. One batched matmul over the n * B * H chunks (the chunk-major
+    cache makes them one stride apart: no copy of V), each (L, c) @ (c, D) in float32, then the
+    n partial outputs added. Returns (B, H, L, D) in float32 (or p's dtype if wider)."""
+    n, B, H, c, D = v_chunks.shape
+    L = p.size(2)
+    pt = torch.empty(n, B * H, L, c, dtype=v_chunks.dtype, device=p.device)   # chunk-major too:
+    pt.copy_(p.reshape(B * H, L, n, c).permute(2, 0, 1, 3))                   # one transposing cast
+    o = _wide_bmm(pt.view(n * B * H, L, c), v_chunks.reshape(n * B * H, c, D))  # (n * B * H, L, D)
+    return o.view(n, B, H, L, D).sum(0)
+
+
+def chunked_attention(q, k, v_chunks, mask):
+    """attend() over the chunked value cache: q (B, H, L, D), k (B, H, S, D), v_chunks
+    (n, B, H, c, D) with S = n * c, mask (L, S). Softmax in one kernel (one block per row)."""
+    scores = torch.add(mask, _scores(q, k), alpha=q.size(-1) ** -0.5)
+    return chunked_values(torch.softmax(scores, dim=-1), v_chunks).to(v_chunks.dtype)
+
+
+def split_k_attention(q, k, v_chunks, mask):
+    """chunked_attention's result by split-K (flash-decoding): the S = n * c keys in n chunks
+    of c, every step parallel over the B * H * L * n (row, chunk) pairs rather than the B * H * L
+    rows alone. Same arguments and result. All in float32 (or wider):
+      per chunk j: its maximum m_j, its sum l_j = sum_i exp(s_i - M) and its output
+      o_j = sum_i exp(s_i - M) v_i, where M = max_j m_j is the row's maximum;
+      combine: out = sum_j o_j / sum_j l_j.
+    This is the log-sum-exp combine of flash-decoding, out = sum_j e^(m_j - M) o'_j /
+    sum_j e^(m_j - M) l'_j with o'_j, l'_j relative to m_j, with the factor e^(m_j - M) folded
+    into the exponent: the scores are in memory, so M is known before the exponentials (one
+    rounding fewer, and no rescaling pass). A fully masked chunk (m_j = -inf) adds exactly 0."""
+    n, c = v_chunks.size(0), v_chunks.size(3)
+    s = torch.add(mask, _scores(q, k), alpha=q.size(-1) ** -0.5)          # (B, H, L, S)
+    m = s.unflatten(-1, (n, c)).amax(-1)                                  # (B, H, L, n) chunk maxima
+    p = s.sub_(m.amax(-1, keepdim=True)).exp_()                           # exp(s - M), in place
+    l = p.unflatten(-1, (n, c)).sum(-1).sum(-1, keepdim=True)             # sum_j l_j: (B, H, L, 1)
+    o = chunked_values(p, v_chunks)                                       # sum_j o_j: (B, H, L, D)
+    return torch.div(o, l, out=torch.empty(o.shape, dtype=v_chunks.dtype, device=o.device))
+
+
+def decode_attention(q, k_cache, v_cache, masks, window, split):
     """Alg. 1, lines 8-9 for one new token: q (B, H, L, D), L = 2 for Orthros (row 0 the base
-    twin, eq. 4; row 1 the output twin, eq. 5) or 1; k_cache, v_cache (B, H, max_len, D);
-    masks (2, n_keys) from key_masks; window: (rows, mask) from window_rows, or None.
+    twin, eq. 4; row 1 the output twin, eq. 5) or 1; k_cache (B, H, rows, D), v_cache
+    (rows / c, B, H, c, D); masks (2, n, c): key_masks over the n * c rows of the bucket;
+    window: (rows, value slots, mask) from window_rows and value_slots, or None;
+    split: use split_k_attention (long contexts) rather than one softmax per row.
     Both twins in one pass over the bucket: q @ K^T reads each key once for both rows, and row 0
     is masked to its window. Only SWA reads its window by rows (gathered), not the bucket."""
-    if window is not None and q.size(2) == 1:   # SWA: a lone windowed query needs only w keys
-        rows, mask = window
-        return attend(q, k_cache.index_select(2, rows), v_cache.index_select(2, rows), mask)
-    n_keys = masks.size(1)
-    return attend(q, k_cache[:, :, :n_keys], v_cache[:, :, :n_keys], masks[:q.size(2)])
+    B, H, L, D = q.shape
+    if window is not None and L == 1:   # SWA: a lone windowed query needs only w keys
+        rows, slots, mask = window
+        k = k_cache.index_select(2, rows)
+        v = v_cache.view(-1, D).index_select(0, slots).view(B, H, -1, D)
+        return attend(q, k, v, mask)
+    n, c = masks.size(1), masks.size(2)
+    k, v_chunks, mask = k_cache[:, :, :n * c], v_cache[:n], masks[:L].flatten(1)
+    return (split_k_attention if split else chunked_attention)(q, k, v_chunks, mask)
 
 
-def decode_layer(block, z, cache, q_affine, pos, rope, masks, window):
+def decode_layer(block, z, cache, q_affine, pos, rope, masks, window, split):
     """One Block (Alg. 2, lines 4-7) for one new token over the static cache: the same math as
     Block.forward and OrthrosAttention.forward with the naive cache.
     z: (B, L, C), L = 2 (base twin, output twin) for Orthros, 1 for the baselines.
-    cache: this layer's (k (B, H, max_len, D), v, conv state (B, K-1, C) or None), updated in place.
+    cache: this layer's (k (B, H, rows, D), v (rows / c, B, H, c, D), the new token's value
+    slots (B * H,) from value_slots, conv state (B, K-1, C) or None), updated in place.
     q_affine: the scale-offsets stacked per twin, (alpha (2, C), beta (2, C)), or None.
-    pos: (1,) the token's position; rope: (cos, sin) at pos; masks, window: see decode_attention."""
+    pos: (1,) the token's position; rope: (cos, sin) at pos; masks, window, split: see
+    decode_attention."""
     attn = block.attn
-    k_cache, v_cache, conv_state = cache
+    k_cache, v_cache, slots, conv_state = cache
     B, L, C = z.shape
     H, D = attn.n_head, attn.head_dim
     h = block.ln_1(z)
@@ -113,28 +189,36 @@ def decode_layer(block, z, cache, q_affine, pos, rope, masks, window):
     q = apply_rope(q.view(B, L, H, D).transpose(1, 2), cos, sin)            # (B, H, L, D)
     k = apply_rope(k.view(B, 1, H, D).transpose(1, 2), cos, sin)            # (B, H, 1, D)
     k_cache.index_copy_(2, pos, k)                        # the base twin joins the cache, in place
-    v_cache.index_copy_(2, pos, v.view(B, 1, H, D).transpose(1, 2))
-    y = decode_attention(q, k_cache, v_cache, masks, window)                # (B, H, L, D)
+    v_cache.view(-1, D).index_copy_(0, slots, v.view(B * H, D))
+    y = decode_attention(q, k_cache, v_cache, masks, window, split)         # (B, H, L, D)
     z = z + attn.c_proj(y.transpose(1, 2).reshape(B, L, C))                 # Alg. 1, lines 10-12
     return z + block.mlp(block.ln_2(z))
 
 
 class StaticKVCache:
-    """The fast decoder's cache for B sequences, allocated once for max_len positions.
-    Per layer l: k[l], v[l] of shape (B, n_head, max_len, head_dim), keys (after RoPE) and
-    values; conv[l] (B, conv_kernel - 1, n_embd) or None. Rows >= length hold zeros or stale
-    values: they are masked out (and must stay finite: they are multiplied by a weight of 0)."""
+    """The fast decoder's cache for B sequences, allocated once for max_len positions, in
+    rows = bucket_len(max_len, chunk) rows (a whole number of chunks, every bucket fits).
+    Per layer l: k[l] (B, n_head, rows, head_dim), keys after RoPE; v[l] (rows / chunk, B,
+    n_head, chunk, head_dim), values, chunk-major (see chunked_values); conv[l]
+    (B, conv_kernel - 1, n_embd) or None. Rows >= length hold zeros or stale values: they are
+    masked out (and must stay finite: they are multiplied by a weight of 0)."""
 
-    def __init__(self, config, batch_size, max_len, device, dtype):
+    def __init__(self, config, batch_size, max_len, device, dtype, chunk=256):
         H, D, n = config.n_head, config.n_embd // config.n_head, config.n_layer
+        rows = bucket_len(max_len, chunk)
         zeros = lambda *shape: torch.zeros(*shape, device=device, dtype=dtype)
         with torch.inference_mode(False):  # normal tensors: writable in and out of inference mode
-            self.k = [zeros(batch_size, H, max_len, D) for _ in range(n)]
-            self.v = [zeros(batch_size, H, max_len, D) for _ in range(n)]
+            self.k = [zeros(batch_size, H, rows, D) for _ in range(n)]
+            self.v = [zeros(rows // chunk, batch_size, H, chunk, D) for _ in range(n)]
             self.conv = [zeros(batch_size, config.conv_kernel - 1, config.n_embd) if config.conv_kernel else None
                          for _ in range(n)]
-        self.batch_size, self.max_len = batch_size, max_len
+        self.batch_size, self.max_len, self.rows, self.chunk = batch_size, max_len, rows, chunk
         self.length = 0  # valid positions
+
+    def values(self, l):
+        """Layer l's values as (B, n_head, rows, head_dim), the naive cache's layout (a copy)."""
+        n, B, H, c, D = self.v[l].shape
+        return self.v[l].permute(1, 2, 0, 3, 4).reshape(B, H, n * c, D)
 
 
 class FastDecoder:
@@ -142,12 +226,18 @@ class FastDecoder:
 
     model: an Orthros in eval mode, on its device and dtype. batch_size, max_len: the cache's
     size (max_len <= model.config.max_seq_len; default: that). cuda_graphs: capture the step
-    (default: on CUDA). compile: torch.compile each layer first. chunk: see bucket_len.
+    (default: on CUDA). compile: torch.compile each layer first (True, or a dict of
+    torch.compile options, e.g. {"backend": ...}); dynamic shapes, so a new bucket does not
+    recompile. chunk: a power of two, the cache's alignment and split-K's chunk (see
+    bucket_len). split_k_from: split the softmax over chunks (split_k_attention) when a step
+    reads at least this many keys; None: never.
+    After each decode, last_n_keys is the number of cache rows its attention read.
     NOTE: the step reads the weights where they are; the scale-offsets are copied (stacked per
     twin) at each prefill(), so change weights only between generations.
     """
 
-    def __init__(self, model, batch_size, max_len=None, cuda_graphs=None, compile=False, chunk=256):
+    def __init__(self, model, batch_size, max_len=None, cuda_graphs=None, compile=False, chunk=256,
+                 split_k_from=SPLIT_K_FROM):
         cfg = model.config
         max_len = cfg.max_seq_len if max_len is None else max_len
         if not 1 <= max_len <= cfg.max_seq_len:
@@ -155,12 +245,21 @@ class FastDecoder:
                              "build the model with a larger max_seq_len to decode further")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if chunk < 1 or chunk & (chunk - 1):
+            raise ValueError(f"chunk must be a power of two, got {chunk}")
+        if split_k_from is not None and split_k_from < 0:
+            raise ValueError(f"split_k_from must be >= 0 or None (never), got {split_k_from}")
         device, dtype = model.wte.weight.device, model.wte.weight.dtype
-        self.model, self.chunk = model, chunk
+        self.model, self.chunk, self.split_k_from = model, chunk, split_k_from
         self.orthros = cfg.attn == "orthros"
         self.window = None if cfg.attn == "transformer" else cfg.window
         self.gather_window = cfg.attn == "swa"  # read the window by its rows (else: the masked bucket)
-        self.cache = StaticKVCache(cfg, batch_size, max_len, device, dtype)
+        # NOTE: the cache is rows = bucket_len(max_len) long, not max_len, so that every step reads
+        # a whole bucket, a multiple of chunk (256) keys. A step clamped to an odd count (say
+        # max_len = 4,151) sends the matmuls over the keys down a slow cuBLAS path on an H200,
+        # 2-13x slower than at a multiple of 256 (Orthros's (B*H, 2, D) x (D, n_keys) worst).
+        self.cache = StaticKVCache(cfg, batch_size, max_len, device, dtype, chunk)
+        self.last_n_keys = None
         with torch.inference_mode(False):
             self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # the step's input
             self.pos = torch.zeros(1, dtype=torch.long, device=device)                # ... and its position
@@ -168,33 +267,58 @@ class FastDecoder:
                               torch.empty(2, cfg.n_embd, device=device, dtype=dtype))
                              if block.attn.scale_offset else None for block in model.blocks]
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
-        self.layer = torch.compile(decode_layer, fullgraph=True, dynamic=True) if compile else decode_layer
+        if compile:
+            options = dict(fullgraph=True, dynamic=True, **(compile if isinstance(compile, dict) else {}))
+            self.layer = torch.compile(decode_layer, **options)
+        else:
+            self.layer = decode_layer
         self.graphs = {}  # n_keys -> (CUDAGraph, its static logits)
         self.pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None  # shared by all buckets
 
     @torch.no_grad()
     def prefill(self, idx):
         """Run the prompt idx: (B, T) with the model's own prefill, then copy its keys, values
-        and conv state into the static cache. Returns logits (B, 1, vocab) and the cache."""
+        and conv state into the static cache (load). Returns logits (B, 1, vocab) and the cache."""
         cache = self.cache
         if idx.dim() != 2 or idx.size(0) != cache.batch_size:
             raise ValueError(f"prefill got idx of shape {tuple(idx.shape)}; this decoder was built for "
                              f"batch_size={cache.batch_size}: pass (batch_size, T) token ids")
-        T = idx.size(1)
-        if T > cache.max_len:
-            raise ValueError(f"prompt of {T} tokens does not fit max_len={cache.max_len}")
+        if idx.size(1) > cache.max_len:
+            raise ValueError(f"prompt of {idx.size(1)} tokens does not fit max_len={cache.max_len}")
         logits, naive = self.model.prefill(idx)
+        return logits, self.load(naive)
+
+    @torch.no_grad()
+    def load(self, naive):
+        """Copy a naive KVCache of this model (from model.prefill) into the static cache, and the
+        scale-offsets; the naive cache is left as it was. Returns the static cache, ready to decode."""
+        cache = self.cache
+        if not isinstance(naive, orthros.KVCache) or naive.model() is not self.model:
+            raise ValueError("load() takes a KVCache made by this decoder's model (model.prefill)")
+        T = naive.length
+        if naive.batch_size != cache.batch_size or T > cache.max_len:
+            raise ValueError(f"a cache of batch size {naive.batch_size} and length {T} does not fit this "
+                             f"decoder (batch_size={cache.batch_size}, max_len={cache.max_len})")
+        c = self.chunk
         for l, block in enumerate(self.model.blocks):
-            cache.k[l][:, :, :T].copy_(naive.layers[l].k)
-            cache.v[l][:, :, :T].copy_(naive.layers[l].v)
+            layer = naive.layers[l]
+            cache.k[l][:, :, :T].copy_(layer.k)
+            full = T // c * c   # whole chunks, then the part of the last one
+            cache.v[l][:T // c].copy_(layer.v[:, :, :full].unflatten(2, (T // c, c)).permute(2, 0, 1, 3, 4))
+            if full < T:
+                cache.v[l][T // c, :, :, :T - full].copy_(layer.v[:, :, full:])
             if cache.conv[l] is not None:
-                cache.conv[l].copy_(naive.layers[l].conv_state)
+                cache.conv[l].copy_(layer.conv_state)
             if self.q_affine[l] is not None:
                 attn = block.attn
                 self.q_affine[l][0].copy_(torch.stack([attn.alpha, attn.alpha_out]))
                 self.q_affine[l][1].copy_(torch.stack([attn.beta, attn.beta_out]))
         cache.length = T
-        return logits, cache
+        return cache
+
+    def uses_split_k(self, n_keys):
+        """Whether a step that reads n_keys cache rows splits its softmax over chunks."""
+        return self.split_k_from is not None and n_keys >= self.split_k_from and not self.gather_window
 
     @torch.no_grad()
     def decode(self, next_idx, cache):
@@ -203,13 +327,15 @@ class FastDecoder:
         self._check(next_idx, cache)
         self.token.copy_(next_idx.reshape(-1, 1))
         self.pos.fill_(cache.length)
-        n_keys = min(bucket_len(cache.length + 1, self.chunk), cache.max_len)
+        n_keys = bucket_len(cache.length + 1, self.chunk)   # never clamped: the cache holds whole buckets
+        assert n_keys <= cache.rows and n_keys % self.chunk == 0
         if self.cuda_graphs:
             graph, logits = self._graph(n_keys)
             graph.replay()
             logits = logits.clone()  # the graph overwrites its output at the next replay
         else:
             logits = self._step(n_keys)
+        self.last_n_keys = n_keys
         cache.length += 1
         return logits, cache
 
@@ -227,15 +353,20 @@ class FastDecoder:
     def _step(self, n_keys):
         """One decode step for self.token at position self.pos, reading cache rows < n_keys.
         Only tensor operations on fixed shapes: a CUDA graph can replay it."""
-        model, cfg = self.model, self.model.config
+        model, cfg, c = self.model, self.model.config, self.cache
+        B, H = c.batch_size, cfg.n_head
         x = model.wte(self.token)                                       # (B, 1, C)
         z = torch.cat([x, x], dim=1) if self.orthros else x             # Alg. 2, line 2: the two twins
         rope = rope_cos_sin(self.pos, cfg.n_embd // cfg.n_head, cfg.rope_base, x.dtype)
-        masks = key_masks(self.pos, n_keys, self.window)                # (2, n_keys)
-        window = window_rows(self.pos, cfg.window) if self.gather_window else None
-        c = self.cache
+        masks = key_masks(self.pos, n_keys, self.window).view(2, n_keys // self.chunk, self.chunk)
+        slots = value_slots(self.pos, B * H, self.chunk).view(-1)       # the new token's value rows
+        window = None
+        if self.gather_window:
+            rows, mask = window_rows(self.pos, cfg.window)
+            window = (rows, value_slots(rows, B * H, self.chunk).view(-1), mask)
+        split = self.uses_split_k(n_keys)
         for block, k, v, conv, q_affine in zip(model.blocks, c.k, c.v, c.conv, self.q_affine):
-            z = self.layer(block, z, (k, v, conv), q_affine, self.pos, rope, masks, window)
+            z = self.layer(block, z, (k, v, slots, conv), q_affine, self.pos, rope, masks, window, split)
         return model.lm_head(model.ln_f(z[:, -1:]))                     # Alg. 2, lines 9-10
 
     def _graph(self, n_keys):
