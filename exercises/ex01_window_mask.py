@@ -9,6 +9,7 @@ same logits with swa_impl="dense" and swa_impl="blocked".
 The paper's eq. 4: the query at position t sees the keys j with max(1, t-w+1) <= j <= t. Here
 positions count from 0.
 
+    python -m exercises start 1       (your own copy: exercises/mine/ex01_window_mask.py)
     python -m exercises check 1       python -m exercises hint 1       python -m exercises show mask
 """
 
@@ -30,6 +31,7 @@ def attention_mask(n_q, n_k, window=None, device=None):
     """Boolean (n_q, n_k) mask, True where a query may attend a key, built from in_window.
 
     The queries are the *last* n_q of the n_k key positions (bottom-right aligned): that is where
-    the output tokens and a decoded token sit. device: where to build the mask (None: the default).
+    the output tokens and a decoded token sit. device: where to build the mask (None: the default;
+    the checker also asks for device="meta", where tensors have shapes but no values).
     """
     raise NotImplementedError

@@ -4,16 +4,18 @@ An Orthros model runs one forward pass over T base tokens plus t_out output toke
 pass from the modules of a trained (here: random) model, without calling the model itself:
 
     model.wte            the token embedding, (vocab, C)
-    model.blocks         the layers; block(z, n_base, rope) -> (z, present): z is (B, n_base + n_out, C),
-                         the n_base base tokens first, then the output tokens; rope = (cos, sin)
-                         at the positions of z's rows
+    model.blocks         the layers; block(z, T, rope) -> z: z is (B, T + t_out, C), the T base
+                         tokens first, then the t_out output tokens; rope = (cos, sin) at the
+                         positions of z's rows
     rope_cos_sin(positions, head_dim, base, dtype) -> (cos, sin)   (from orthros; head_dim = C / n_head,
                          base = model.config.rope_base, dtype = the weights' dtype)
     model.ln_f, model.lm_head    the final norm and the LM head
 
 The checker compares your logits with model(idx, t_out=t_out) for many T and t_out (float64, to
-1e-12). The model is in eval mode: leave dropout out.
+1e-12). The model is in eval mode: leave dropout out. Calling the model itself (model(...),
+model.forward, prefill, decode, generate) is refused while your code runs: build the pass.
 
+    python -m exercises start 2       (your own copy: exercises/mine/ex02_two_streams.py)
     python -m exercises check 2       python -m exercises hint 2
 """
 

@@ -14,9 +14,10 @@ The paper's section 3.2: the same forward(idx, t_out) serves every regime; only 
    every output position costs a second token in every layer: find the smallest t_out that
    covers every target. The checker compares yours with data.sft.collate's, on random batches.
 2. tokens_through_layers(attn, T, t_out): how many tokens flow through each layer (the rows of
-   z in Orthros._forward) for attn "orthros", "swa" or "transformer". The checker counts them
+   z in Orthros.forward) for attn "orthros", "swa" or "transformer". The checker counts them
    live, with a hook on the model's first block, in all four regimes.
 
+    python -m exercises start 3       (your own copy: exercises/mine/ex03_t_out_regimes.py)
     python -m exercises check 3       python -m exercises hint 3
 """
 

@@ -6,15 +6,18 @@ An OrthrosAttention layer `attn` (orthros.py) holds:
     attn.alpha, attn.beta                       the base tokens' query scale-offset, (C,)
     attn.alpha_out, attn.beta_out               the output tokens' (alpha', beta' of the paper)
     attn.n_head, attn.head_dim, attn.window     H, D = C / H, and w
-Its input z is (B, n_base + n_out, C): n_base base tokens, then n_out output tokens. cos, sin
-are the RoPE tables (n_base + n_out, D) at the positions of z's rows (an output token sits at
-its base twin's position); orthros.apply_rope(x, cos, sin) rotates x: (B, H, rows, D).
+    attn.conv                                   None here (the optional convolution is off)
+Its input z is (B, T + t_out, C): T base tokens, then t_out output tokens. cos, sin are the
+RoPE tables (T + t_out, D) at the positions of z's rows (an output token sits at its base twin's
+position); orthros.apply_rope(x, cos, sin) rotates x: (B, H, rows, D).
 
-Write the layer's output (B, n_base + n_out, C) without calling attn itself. You may use
-orthros.apply_rope, orthros.attention_mask and torch.nn.functional.scaled_dot_product_attention.
-The checker compares yours with attn(z, n_base, (cos, sin)) on layers whose alpha != alpha' and
-beta != beta', in float64, to 1e-12.
+Write the layer's output (B, T + t_out, C) without calling attn itself. You may use
+orthros.apply_rope, orthros.attention_mask, orthros.reference_attention (lines 8-9 written out)
+and torch.nn.functional.scaled_dot_product_attention; calling the layer (attn(...), its forward,
+a Block or the model) is refused while your code runs. The checker compares yours with
+attn(z, T, (cos, sin)) on layers whose alpha != alpha' and beta != beta', in float64, to 1e-12.
 
+    python -m exercises start 4       (your own copy: exercises/mine/ex04_algorithm1.py)
     python -m exercises check 4       python -m exercises hint 4
 """
 
@@ -24,7 +27,8 @@ import torch.nn.functional as F
 from orthros import apply_rope, attention_mask
 
 
-def orthros_attention(attn, z, n_base, cos, sin):
-    """Algorithm 1 on the parameters of attn (an OrthrosAttention with attn="orthros"):
-    z: (B, n_base + n_out, C); cos, sin: (n_base + n_out, head_dim). Returns (B, n_base + n_out, C)."""
+def orthros_attention(attn, z, T, cos, sin):
+    """Algorithm 1 on the parameters of attn (an OrthrosAttention with attn="orthros", no convolution):
+    z: (B, T + t_out, C), T base tokens then t_out output tokens; cos, sin: (T + t_out, head_dim).
+    Returns (B, T + t_out, C)."""
     raise NotImplementedError

@@ -8,10 +8,11 @@ gives exactly the Transformer's logits.
 
 Write convert(transformer, window): a new Orthros model (config.attn = "orthros", the given
 window, everything else as in the Transformer's config) holding copies of the Transformer's
-weights. Don't call Orthros.load_transformer_weights: the checker makes it raise. The checker
-compares your model's config, weights and logits with the Transformer's, and with orthros.py's
-own conversion.
+weights, and leave the Transformer as it was. Don't call Orthros.load_transformer_weights: the
+checker refuses it while your code runs. The checker compares your model's config, weights and
+logits with the Transformer's, and with orthros.py's own conversion.
 
+    python -m exercises start 5       (your own copy: exercises/mine/ex05_conversion.py)
     python -m exercises check 5       python -m exercises hint 5
 """
 

@@ -7,7 +7,8 @@ every earlier key at every layer, so its prediction at t depends on every token 
 
 1. positions_that_change(model, idx, t): the input positions j such that changing token j
    (to any other token, e.g. (idx[0, j] + 1) % vocab_size) changes the logits at position t
-   (model(idx)[0][:, t]). Compare exactly: the faint influences are the point.
+   (model(idx)[0][:, t]). Compare exactly: the faint influences are the point. Change a copy:
+   idx itself must come back as it was.
 2. swa_reach(n_layer, window): how many positions back a sliding-window model's logits at t
    reach (t - reach is the farthest position that still matters).
 
@@ -15,6 +16,7 @@ The checker runs yours on SWA, Orthros and Transformer models of several depths 
 compares with the measurement of the stored solution (live, on the same models); your
 swa_reach must agree with what it measures.
 
+    python -m exercises start 6       (your own copy: exercises/mine/ex06_reach.py)
     python -m exercises check 6       python -m exercises hint 6
 """
 

@@ -1,6 +1,6 @@
 """Exercise 8: the sliding window in O(T w). Replace orthros.blocked_sliding_window_attention.
 
-The readable reference, dense_sliding_window_attention, builds a (T, T) mask: T^2 entries, of
+The readable reference, orthros.reference_attention, builds a (T, T) mask: T^2 entries, of
 which only about T w are True. At T = 128K that mask alone is 16 G entries. Write the window in
 O(T w) time and memory: cut the sequence into blocks of w queries; every key a query of block b
 may see lies in block b-1 or block b, so each block attends its 2w keys through a small
@@ -9,8 +9,10 @@ may see lies in block b-1 or block b, so each block attends its 2w keys through 
 The checker compares yours with the dense reference, forward and backward (float64, to 1e-12),
 patches it into orthros.py and checks that whole models give the same logits, and records
 every tensor your function creates at T = 4096, w = 128: none may hold more than 8 T w elements
-(the dense (T, T) mask holds T^2 = 32 T w).
+(the dense (T, T) mask holds T^2 = 32 T w). orthros.py's windowed attentions (reference_attention,
+fast_reference_attention, the FlexAttention path) are refused while your code runs.
 
+    python -m exercises start 8       (your own copy: exercises/mine/ex08_blocked_window.py)
     python -m exercises check 8       python -m exercises hint 8
 """
 
@@ -23,7 +25,7 @@ from orthros import in_window
 
 
 def blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):
-    """Eq. 4 in O(T w): the same result as orthros.dense_sliding_window_attention(q, k, v, window)
+    """Eq. 4 in O(T w): the same result as orthros.reference_attention(q, k, v, window)
     without the (T, T) mask. q, k, v: (B, H, T, D), the queries at the same T positions as the
     keys. dropout_p: attention dropout, passed on to scaled_dot_product_attention."""
     raise NotImplementedError

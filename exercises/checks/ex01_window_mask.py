@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import torch
 
 import orthros
-from exercises.framework import Bug, Case, patched, tiny_model, tokens, variant
+from exercises.framework import Bug, Case, Mutant, patched, tiny_model, tokens, variant
 
 TITLE = "The window mask"
 DIFFICULTY = 1
@@ -13,16 +13,18 @@ MINUTES = 20
 TEACHES = "eq. 4's exact boundary (key t-w+1 seen, t-w not); bottom-right alignment; one predicate behind every path"
 FUNCTIONS = ("in_window", "attention_mask")
 REFERENCE = SimpleNamespace(in_window=orthros.in_window, attention_mask=orthros.attention_mask)
+RETURNS = {"in_window": "mask", "attention_mask": "mask"}
 
 HINTS = [
     "Two conditions, combined with &: the key is not in the future (k_pos <= q_pos), and, when there "
     "is a window, it is one of the w most recent positions. Query t sees keys t-w+1 ... t: that is "
     "w keys, so t - j ranges over 0 ... w-1.",
-    "in_window: causal = (k_pos <= q_pos); with a window, also the distance q_pos - k_pos must be below w "
-    "(distance 0 is the query's own key, distance w-1 the oldest it sees). Combine with &.\n"
-    "attention_mask: q_pos = the LAST n_q positions, torch.arange(n_k - n_q, n_k)[:, None]  (n_q, 1); "
-    "k_pos = torch.arange(n_k)[None, :]  (1, n_k); then one call to in_window broadcasts to (n_q, n_k). "
-    "(torch.tril, and SDPA's is_causal=True, align top-left: wrong when n_q < n_k.)",
+    "in_window: a causal test, and with a window also a test on the distance q_pos - k_pos (0 for the "
+    "query's own key, w-1 for the oldest key it sees); both are element-wise comparisons that "
+    "broadcast (n_q, 1) against (1, n_k) to (n_q, n_k).\n"
+    "attention_mask: the query positions are the LAST n_q of the n_k positions, n_k-n_q ... n_k-1, as a "
+    "column (n_q, 1); the key positions 0 ... n_k-1 as a row (1, n_k); build both on `device`, then one "
+    "call to in_window. (torch.tril, and SDPA's is_causal=True, align top-left: wrong when n_q < n_k.)",
     "Paper, section 3.1, eq. 4: o_t = sum over j = max(1, t-w+1) ... t of softmax(q_t k_j / sqrt(d)) v_j; "
     "eq. 5, the output tokens' cross-attention: j = 1 ... t. Algorithm 1, lines 8-9: "
     "Flash-Attn(Q, K, V, window_size=W) and window_size=inf.",
@@ -60,6 +62,21 @@ BUGS = [
         variant(REFERENCE, attention_mask=mask_from(orthros.in_window, top_left=True))),
 ]
 
+
+# -- Further wrong answers the checker must reject (phase 2 adds more) -------------------------
+
+def mask_ignoring_device(n_q, n_k, window=None, device=None):
+    q_pos = torch.arange(n_k - n_q, n_k)[:, None]                  # built on the default device
+    return orthros.in_window(q_pos, torch.arange(n_k)[None, :], window)
+
+
+MUTANTS = [
+    Mutant("the reference imported", source="from orthros import in_window, attention_mask\n",
+           expect="holds orthros.in_window"),
+    Mutant("the device argument ignored", variant(REFERENCE, attention_mask=mask_ignoring_device),
+           expect="is on cpu, expected meta"),
+]
+
 WINDOW = "query t sees exactly keys t-w+1 ... t (eq. 4), every key <= t without a window (eq. 5)"
 
 
@@ -70,30 +87,41 @@ def cases(**options):
             found.append(Case(
                 f"in_window(q_pos, k_pos, window={window}) with q_pos = torch.arange({T})[:, None], "
                 f"k_pos = torch.arange({T})[None, :]",
-                lambda impl, T=T, window=window: impl.in_window(torch.arange(T)[:, None], torch.arange(T)[None, :], window),
-                WINDOW))
+                inputs=lambda T=T, window=window: dict(q_pos=torch.arange(T)[:, None], k_pos=torch.arange(T)[None, :],
+                                                       window=window),
+                call=lambda answer, q_pos, k_pos, window: answer.in_window(q_pos, k_pos, window),
+                invariant=WINDOW))
     for n_k in range(1, 7):
         for n_q in range(1, n_k + 1):
             for window in (None, 1, 2, 3):
                 found.append(Case(
                     f"attention_mask(n_q={n_q}, n_k={n_k}, window={window})",
-                    lambda impl, n_q=n_q, n_k=n_k, window=window: impl.attention_mask(n_q, n_k, window),
-                    f"query i sits at position n_k - n_q + i (bottom-right aligned: the last query is the "
-                    f"newest position), and {WINDOW}"))
+                    inputs=lambda n_q=n_q, n_k=n_k, window=window: dict(n_q=n_q, n_k=n_k, window=window),
+                    call=lambda answer, n_q, n_k, window: answer.attention_mask(n_q, n_k, window),
+                    invariant=f"query i sits at position n_k - n_q + i (bottom-right aligned: the last query is "
+                              f"the newest position), and {WINDOW}"))
     T, w, t_out = 21, 4, 5
-    idx = tokens(2, T)
     for attn, swa_impl, k in [("orthros", "dense", t_out), ("orthros", "blocked", t_out), ("swa", "dense", T),
                               ("swa", "blocked", T), ("orthros", "blocked", T)]:
         model = tiny_model(attn, window=w, swa_impl=swa_impl)
         found.append(Case(
             f"whole-model logits, attn={attn!r}, swa_impl={swa_impl!r}, T={T}, w={w}, t_out={k}, with your "
             "in_window and attention_mask patched into orthros.py",
-            lambda impl, model=model, k=k: patched_logits(impl, model, idx, k),
-            "every window path of orthros.py (dense mask, blocked band mask) asks the one predicate, so the "
-            "logits follow it: the right predicate gives the model's own logits", atol=1e-12))
+            inputs=lambda model=model, k=k: dict(model=model, idx=tokens(2, T), t_out=k),
+            call=patched_logits,
+            invariant="every window path of orthros.py (dense mask, blocked band mask) asks the one predicate, so "
+                      "the logits follow it: the right predicate gives the model's own logits",
+            atol=1e-12, output="the model's logits"))
+    for n_q, n_k, window in ((3, 5, 2), (1, 4096, 128)):
+        found.append(Case(
+            f"attention_mask(n_q={n_q}, n_k={n_k}, window={window}, device='meta')",
+            inputs=lambda n_q=n_q, n_k=n_k, window=window: dict(n_q=n_q, n_k=n_k, window=window, device="meta"),
+            call=lambda answer, n_q, n_k, window, device: answer.attention_mask(n_q, n_k, window, device),
+            invariant="the mask is built on the device it is asked for (meta: shapes only, no memory)",
+            device="meta"))
     return found
 
 
-def patched_logits(impl, model, idx, t_out):
-    with patched(orthros, in_window=impl.in_window, attention_mask=impl.attention_mask), torch.no_grad():
+def patched_logits(answer, model, idx, t_out):
+    with patched(orthros, in_window=answer.in_window, attention_mask=answer.attention_mask), torch.no_grad():
         return model(idx, t_out=t_out)[0]

@@ -1,10 +1,11 @@
 """Exercise 2, two streams to logits (Alg. 2): the checker, hints and known bugs."""
 
+import inspect
 from types import SimpleNamespace
 
 import torch
 
-from exercises.framework import Bug, Case, forbidden, tiny_model, tokens
+from exercises.framework import Bug, Case, Mutant, tiny_model, tokens
 from exercises.solutions import ex02_two_streams as solution
 from orthros import Orthros, rope_cos_sin
 
@@ -14,19 +15,26 @@ MINUTES = 30
 TEACHES = "Alg. 2: duplicate the last t_out embeddings at their twins' positions; the LM head reads only the output stream"
 FUNCTIONS = ("two_stream_logits",)
 REFERENCE = SimpleNamespace(two_stream_logits=solution.two_stream_logits)
+RETURNS = {"two_stream_logits": "logits"}
+WHOLE_PASS = "it runs the whole forward pass this exercise asks you to write from the model's modules"
+FORBIDDEN = {Orthros.forward: WHOLE_PASS, inspect.unwrap(Orthros.prefill): WHOLE_PASS,
+             inspect.unwrap(Orthros.decode): WHOLE_PASS, inspect.unwrap(Orthros.generate): WHOLE_PASS,
+             inspect.unwrap(Orthros.generate_tokens): WHOLE_PASS}
 
 HINTS = [
     "The sequence that flows through the layers is the T base tokens followed by copies of the last "
     "t_out embeddings (the output tokens). RoPE needs a position for each row: an output token sits "
     "at the same position as its base twin. After the last layer, keep only the output tokens.",
-    "x = model.wte(idx)  (B, T, C);  z = cat([x, x[:, T - t_out:]], dim=1)  (B, T + t_out, C)\n"
-    "positions = cat([arange(T), arange(T)[T - t_out:]]);  rope = rope_cos_sin(positions, C // n_head, "
-    "model.config.rope_base, model.wte.weight.dtype)\n"
-    "for block in model.blocks: z, _ = block(z, T, rope)       (n_base = T)\n"
-    "logits = model.lm_head(model.ln_f(z[:, T:]))",
+    "Shapes, step by step (C = n_embd, D = C / n_head):\n"
+    "1. embed idx: (B, T) -> (B, T, C)\n"
+    "2. z = the T base rows, then a copy of the last t_out of them: (B, T + t_out, C)\n"
+    "3. one position per row of z: 0 ... T-1 for the base rows, T-t_out ... T-1 again for the output rows; "
+    "the RoPE tables of those positions: (T + t_out, D) each, in the weights' dtype\n"
+    "4. every block maps z to z; it needs to know that the first T rows are the base tokens\n"
+    "5. the final norm and the LM head on the last t_out rows only: (B, t_out, vocab)",
     "Paper, Algorithm 2: line 2, Z <- Concat[X, X_{T-T_out:, :}] (duplicate the T_out output-specific "
     "tokens); lines 3-8, the L layers; line 9, Z <- Z_{T:, :} (extract the output-specific tokens); "
-    "line 10, Norm. In orthros.py: Orthros._forward, the marks '# Alg. 2, line N'.",
+    "line 10, Norm. In orthros.py: Orthros.forward, the marks '# Alg. 2, line N'.",
 ]
 
 
@@ -42,7 +50,7 @@ def make_bug(first=False, positions_after=False, base_stream=False):
         rope = rope_cos_sin(positions, model.config.n_embd // model.config.n_head, model.config.rope_base,
                             model.wte.weight.dtype)
         for block in model.blocks:
-            z, _ = block(z, T, rope)
+            z = block(z, T, rope)
         return model.lm_head(model.ln_f(z[:, T - t_out:T] if base_stream else z[:, T:]))
     return SimpleNamespace(two_stream_logits=two_stream_logits)
 
@@ -57,23 +65,42 @@ BUGS = [
 ]
 
 
+# -- Further wrong answers the checker must reject (phase 2 adds more) -------------------------
+
+MUTANTS = [
+    Mutant("the model called", SimpleNamespace(two_stream_logits=lambda model, idx, t_out: model(idx, t_out=t_out)[0]),
+           expect="your code called orthros.Orthros.forward"),
+    Mutant("the stored solution imported",
+           source="from exercises.solutions.ex02_two_streams import two_stream_logits\n",
+           expect="is not available to your code"),
+    Mutant("Orthros.forward kept from import time, out of sight",
+           source="from orthros import Orthros\n_kept = {'forward': Orthros.forward}\n\n\n"
+                  "def two_stream_logits(model, idx, t_out):\n    return _kept['forward'](model, idx, t_out=t_out)[0]\n",
+           expect="your code called orthros.Orthros.forward"),
+]
+
+
 def cases(**options):
     model = tiny_model("orthros", window=4)
     found = []
     for T in (1, 2, 3, 5, 9, 20):
-        idx = tokens(2, T, seed=T)
         for t_out in sorted({1, 2, T // 2, T} & set(range(1, T + 1))):
             found.append(Case(
                 f"two_stream_logits(model, idx, t_out={t_out}), idx of shape (2, {T}); model: Orthros, "
                 "2 layers, C=16, w=4, random scale-offsets",
-                lambda impl, idx=idx, t_out=t_out: logits(impl, model, idx, t_out),
-                "the logits equal model(idx, t_out=t_out): the output tokens are copies of the last t_out "
-                "embeddings at their twins' positions, and the LM head reads only them",
-                atol=1e-12, expected=lambda idx=idx, t_out=t_out: model(idx, t_out=t_out)[0]))
+                inputs=lambda T=T, t_out=t_out: dict(model=model, idx=tokens(2, T, seed=T), t_out=t_out),
+                call=logits,
+                invariant="the logits equal model(idx, t_out=t_out): the output tokens are copies of the last "
+                          "t_out embeddings at their twins' positions, and the LM head reads only them",
+                atol=1e-12, expected=model_logits))
     return found
 
 
-def logits(impl, model, idx, t_out):
-    with torch.no_grad(), forbidden(Orthros, "forward", "_forward",
-                                    why="this exercise asks you to write: use its modules"):
-        return impl.two_stream_logits(model, idx, t_out)
+def logits(answer, model, idx, t_out):
+    with torch.no_grad():
+        return answer.two_stream_logits(model, idx, t_out)
+
+
+def model_logits(model, idx, t_out):
+    with torch.no_grad():
+        return model(idx, t_out=t_out)[0]

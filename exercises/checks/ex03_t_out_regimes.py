@@ -7,7 +7,7 @@ import torch
 
 from data.sft import collate, load_examples
 from data.tokenizer import get_tokenizer
-from exercises.framework import REPO, Bug, Case, tiny_model, tokens, variant
+from exercises.framework import REPO, Bug, Case, Wrong, tiny_model, tokens, variant
 from exercises.solutions import ex03_t_out_regimes as solution
 
 TITLE = "The t_out regimes"
@@ -17,15 +17,17 @@ TEACHES = "pre-training, SFT, prefill and decode are one forward pass; the small
 FUNCTIONS = ("smallest_t_out", "tokens_through_layers")
 REFERENCE = SimpleNamespace(smallest_t_out=solution.smallest_t_out,
                             tokens_through_layers=solution.tokens_through_layers)
+RETURNS = {"smallest_t_out": "t_out", "tokens_through_layers": "count"}
 
 HINTS = [
     "The output positions are always a suffix: the last t_out columns. So t_out is decided by the "
     "leftmost column that holds any target, in any row of the batch; everything from there to the end "
     "must be an output position. Orthros runs a second (output) token for each output position; the "
     "baselines have one stream.",
-    "has_target = (targets != -1).any(dim=0)   # (T,), one flag per column\n"
-    "first = index of the first True;  t_out = T - first;  and 1 if there is none (prefill-like).\n"
-    "tokens: T + t_out for Orthros, T for 'swa' and 'transformer'.",
+    "smallest_t_out: targets (B, T) -> one flag per column, (T,): does any row train this column? The "
+    "first flagged column f decides: t_out = T - f. No flagged column: 1 (as prefill). Return a Python int.\n"
+    "tokens_through_layers: Orthros runs its T base tokens plus one output token per output position; the "
+    "baselines run their T tokens and nothing else.",
     "Paper, section 3.2: Pre-training (T_in = 0, T_out = T), SFT (T_in = T - T_out, T_out >= 1: 'T_out "
     "corresponds exactly to the total length of the target responses'), Prefilling (T_out = 1), Decoding "
     "(T = 1). Algorithm 1, line 1: the input is (T + T_out) x d_model. In the repo: data/sft.py, collate.",
@@ -90,25 +92,40 @@ def cases(**options):
         x, y, t_out = collate(batch)
         found.append(Case(
             f"smallest_t_out(targets) for {what}: x, targets, _ = data.sft.collate(batch); targets = {y.tolist()}",
-            lambda impl, y=y: impl.smallest_t_out(y.clone()),
-            "t_out is the smallest suffix of columns that holds every target (data.sft.collate's t_out); "
-            "1 when nothing is trained", expected=lambda t_out=t_out: t_out))
+            inputs=lambda y=y: dict(targets=y),
+            call=lambda answer, targets: answer.smallest_t_out(targets),
+            invariant="t_out is the smallest suffix of columns that holds every target (data.sft.collate's "
+                      "t_out); 1 when nothing is trained",
+            expected=lambda targets, t_out=t_out: t_out))
     model = tiny_model("orthros", vocab_size=37)
     x, y, _ = collate(batches()[2][1])
     found.append(Case(
-        "model(x, targets, t_out=smallest_t_out(targets)) on the two-example batch",
-        lambda impl: model(x, y, t_out=impl.smallest_t_out(y.clone()))[1],
-        "the SFT loss with the smallest t_out equals the loss with t_out = T (the output positions before "
-        "the first target change nothing)", atol=1e-12, expected=lambda: model(x, y, t_out=x.size(1))[1]))
+        "model(x, targets, t_out=smallest_t_out(targets))[1] on the two-example batch",
+        inputs=lambda: dict(model=model, x=x, targets=y),
+        call=sft_loss,
+        invariant="the SFT loss with the smallest t_out equals the loss with t_out = T (the output positions "
+                  "before the first target change nothing)",
+        atol=1e-12, expected=lambda model, x, targets: model(x, targets, t_out=x.size(1))[1].detach(),
+        output="the loss"))
     for attn in ("orthros", "swa", "transformer"):
         for regime, T, t_out in (("pre-training", 12, 12), ("SFT", 12, 5), ("prefill", 12, 1), ("decode", 1, 1)):
             found.append(Case(
                 f"tokens_through_layers({attn!r}, T={T}, t_out={t_out}): {regime}",
-                lambda impl, attn=attn, T=T, t_out=t_out: impl.tokens_through_layers(attn, T, t_out),
-                "the rows of z that the layers process, counted by a hook on the model's first block: "
-                "Orthros adds one output token per output position, the baselines have one stream",
-                expected=lambda attn=attn, regime=regime, T=T, t_out=t_out: rows_per_layer(attn, regime, T, t_out)))
+                inputs=lambda attn=attn, T=T, t_out=t_out: dict(attn=attn, T=T, t_out=t_out),
+                call=lambda answer, attn, T, t_out: answer.tokens_through_layers(attn, T, t_out),
+                invariant="the rows of z that the layers process, counted by a hook on the model's first block: "
+                          "Orthros adds one output token per output position, the baselines have one stream",
+                expected=lambda attn, T, t_out, regime=regime: rows_per_layer(attn, regime, T, t_out)))
     return found
+
+
+def sft_loss(answer, model, x, targets):
+    t_out = answer.smallest_t_out(targets)
+    try:
+        with torch.no_grad():
+            return model(x, targets, t_out=t_out)[1]
+    except ValueError as e:  # orthros.py refuses a t_out that leaves targets out
+        raise Wrong(f"model(x, targets, t_out={t_out}) refuses your t_out: {e}") from None
 
 
 def rows_per_layer(attn, regime, T, t_out):
@@ -129,14 +146,14 @@ def rows_per_layer(attn, regime, T, t_out):
     return rows[0]
 
 
-def after_pass(impl, **options):
+def after_pass(answer, **options):
     """What the split saves on the repo's own SFT example data, with your two functions."""
     examples, _ = load_examples(REPO / "data" / "sft_example" / "train.jsonl", get_tokenizer("byte"), max_len=128)
     orthros = pretraining = 0
     for b in range(0, len(examples), 16):
         x, y, _ = collate(examples[b:b + 16])
-        orthros += impl.tokens_through_layers("orthros", x.size(1), impl.smallest_t_out(y))
-        pretraining += impl.tokens_through_layers("orthros", x.size(1), x.size(1))
+        orthros += answer.tokens_through_layers("orthros", x.size(1), answer.smallest_t_out(y))
+        pretraining += answer.tokens_through_layers("orthros", x.size(1), x.size(1))
     return (f"The repo's SFT example data (data/sft_example/train.jsonl, {len(examples)} examples, batches of 16):\n"
             f"  with the smallest t_out, Orthros runs {orthros:,} tokens through each layer; with t_out = T "
             f"(2T a batch), {pretraining:,}: {1 - orthros / pretraining:.0%} fewer.")

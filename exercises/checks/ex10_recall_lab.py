@@ -5,9 +5,10 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from checkpoint import load_checkpoint, save_checkpoint
 from data.recall.prepare import PRESETS
 from exercises.framework import REPO, Bug, Case, NotReady
+from sample import load_checkpoint
+from train import save_checkpoint
 from exercises.solutions import ex10_recall_lab as solution
 
 TITLE = "The recall lab"
@@ -16,6 +17,7 @@ MINUTES = 30
 TEACHES = "train SWA and Orthros on CPU: SWA is at chance beyond n_layer*w, Orthros answers far queries; read runs live"
 FUNCTIONS = ("recall_summary",)
 REFERENCE = SimpleNamespace(recall_summary=solution.recall_summary)
+RETURNS = {"recall_summary": "summary"}
 
 COMMANDS = ("python train.py --config recall_tiny --attn swa --out_dir out/lab-recall-swa\n"
             "    python train.py --config recall_tiny --attn orthros --out_dir out/lab-recall-orthros")
@@ -26,10 +28,13 @@ HINTS = [
     "which the run's command line set through --config) and exact_match.json ({bucket: {'n', 'accuracy'}}). "
     "A bucket 'lo-hi' holds the distances lo <= d < hi. One SWA layer reaches w-1 positions back, L layers "
     "about L*w: beyond that, SWA can only guess.",
-    "config = load_checkpoint(Path(run_dir) / 'ckpt_last.pt')['model_config']\n"
-    "scores = json.loads((Path(run_dir) / 'exact_match.json').read_text())\n"
-    "for name, r in scores.items(): lo, hi = map(int, name.split('-')); hits += r['accuracy'] * r['n']; n += r['n']\n"
-    "inside: the buckets with hi <= w; beyond: the buckets with lo >= L * w; accuracy = hits / n",
+    "1. the model config: the checkpoint ckpt_last.pt in run_dir, read with sample.load_checkpoint; its "
+    "'model_config' is a dict with 'attn', 'window', 'n_layer'\n"
+    "2. the scores: exact_match.json in run_dir, a dict {'lo-hi': {'n': examples, 'accuracy': fraction}}\n"
+    "3. for a set of buckets: hits = the sum of accuracy * n, examples = the sum of n; the pooled accuracy "
+    "is hits / examples\n"
+    "4. inside: the buckets whose hi <= w; beyond: those whose lo >= n_layer * w\n"
+    "5. return the five keys the docstring names",
     "Paper, section 4.4 (in-context recall) and Table 3: Orthros keeps Transformer-level recall while SWA "
     "loses it; section 3.1: the output tokens' full cross-attention is what 'retrieve[s] global information'. "
     "In the repo: README, 'In-context recall'.",
@@ -96,20 +101,25 @@ def make_up_runs(folder):
 def cases(runs=None, **options):
     folder = tempfile.TemporaryDirectory(prefix="orthros-lab-")  # removed when the last case is gone
     found = [Case(f"recall_summary(run_dir) for {name}: {MADE_UP[name][1]}",
-                  lambda impl, run=run, folder=folder: impl.recall_summary(run),
-                  "inside: the examples of the buckets with hi <= window; beyond: those of the buckets with "
-                  "lo >= n_layer * window; each pooled over examples (the stored solution, run on the same files)",
+                  inputs=lambda run=run, folder=folder: dict(run_dir=str(run)),
+                  call=lambda answer, run_dir: answer.recall_summary(run_dir),
+                  invariant="inside: the examples of the buckets with hi <= window; beyond: those of the buckets "
+                            "with lo >= n_layer * window; each pooled over examples (the stored solution, run on "
+                            "the same files)",
                   atol=1e-12)
              for name, run in make_up_runs(folder.name).items()]
     chance = 1 / PRESETS["tiny"]["n_values"]
     for attn, claim in (("swa", lambda s: swa_claim(s, chance)), ("orthros", orthros_claim)):
         found.append(Case(f"recall_summary({run_dir(runs, attn)!r}), your trained {attn} run",
-                          lambda impl, attn=attn: impl.recall_summary(trained_run(runs, attn)),
-                          "the stored solution's summary of the same run", atol=1e-12))
+                          inputs=lambda attn=attn: dict(run_dir=str(trained_run(runs, attn))),
+                          call=lambda answer, run_dir: answer.recall_summary(run_dir),
+                          invariant="the stored solution's summary of the same run", atol=1e-12))
         found.append(Case(f"what the {attn} run shows (your recall_summary of {run_dir(runs, attn)})",
-                          lambda impl, attn=attn: (impl.recall_summary(trained_run(runs, attn)), trained_run(runs, attn)),
-                          "SWA answers inside its window and is near chance (1/26) beyond n_layer * window; Orthros "
-                          "answers beyond it too (at least 0.6, as test_train.py asserts)", holds=claim))
+                          inputs=lambda attn=attn: dict(run_dir=str(trained_run(runs, attn))),
+                          call=lambda answer, run_dir: (answer.recall_summary(run_dir), Path(run_dir)),
+                          invariant="SWA answers inside its window and is near chance (1/26) beyond n_layer * "
+                                    "window; Orthros answers beyond it too (at least 0.6, as tests/test_train.py "
+                                    "asserts)", holds=claim, output="your summary and the run"))
     return found
 
 
@@ -121,7 +131,7 @@ def trained_run(runs, attn):
     path = Path(run_dir(runs, attn))
     path = path if path.is_absolute() or runs else REPO / path
     if not (path / "exact_match.json").is_file() or not (path / "ckpt_last.pt").is_file():
-        raise NotReady(f"not started: the lab's {attn} run is not there yet (no {path}/exact_match.json). Train "
+        raise NotReady(f"waiting for its runs: the lab's {attn} run is not there yet (no {path}/exact_match.json). Train "
                        f"both runs (about 2 minutes each on 2 idle CPU cores), from the repo root:\n    {COMMANDS}\n"
                        "then run this check again (or point it at your runs: --runs swa=DIR,orthros=DIR).")
     return path
@@ -154,12 +164,12 @@ def schedule(path):
             "with the recall_tiny config's full 2400-step schedule (shorter ones did not learn recall in our tries).")
 
 
-def after_pass(impl, runs=None, **options):
+def after_pass(answer, runs=None, **options):
     chance = 1 / PRESETS["tiny"]["n_values"]
     lines = [f"Exact match by distance (your runs; chance is 1/{PRESETS['tiny']['n_values']} = {chance:.2f}):"]
     for attn in ("swa", "orthros"):
         path = trained_run(runs, attn)
-        summary = impl.recall_summary(path)
+        summary = answer.recall_summary(path)
         scores = json.loads((path / "exact_match.json").read_text())
         lines.append(f"  {attn:>8}: " + "  ".join(f"{b} {r['accuracy']:.2f}" for b, r in scores.items()))
         lines.append(f"  {'':>8}  inside the window (w={summary['window']}): {summary['inside']:.2f};  beyond "

@@ -16,5 +16,5 @@ def two_stream_logits(model, idx, t_out):
     head_dim = model.config.n_embd // model.config.n_head
     rope = rope_cos_sin(positions, head_dim, model.config.rope_base, model.wte.weight.dtype)
     for block in model.blocks:                               # Alg. 2, lines 3-8
-        z, _ = block(z, T, rope)
+        z = block(z, T, rope)
     return model.lm_head(model.ln_f(z[:, T:]))               # lines 9-10: the output tokens only

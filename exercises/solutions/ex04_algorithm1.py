@@ -6,12 +6,14 @@ import torch.nn.functional as F
 from orthros import apply_rope, attention_mask
 
 
-def orthros_attention(attn, z, n_base, cos, sin):
-    """Algorithm 1 on the parameters of attn (an OrthrosAttention with attn="orthros"):
-    z: (B, n_base + n_out, C); cos, sin: (n_base + n_out, head_dim). Returns (B, n_base + n_out, C)."""
+def orthros_attention(attn, z, T, cos, sin):
+    """Algorithm 1 on the parameters of attn (an OrthrosAttention with attn="orthros", no convolution):
+    z: (B, T + t_out, C), T base tokens then t_out output tokens; cos, sin: (T + t_out, head_dim).
+    Returns (B, T + t_out, C)."""
     B, L, C = z.shape
     H, D = attn.n_head, attn.head_dim
-    x, x_out = z[:, :n_base], z[:, n_base:]                        # line 3: base and output tokens
+    t_out = L - T
+    x, x_out = z[:, :T], z[:, T:]                                  # line 3: base and output tokens
     k, v = attn.c_k(x), attn.c_v(x)                                # line 4: K, V from base tokens only
     q = attn.alpha * attn.c_q(x) + attn.beta                       # line 5: one W_Q, two scale-offsets
     q_out = attn.alpha_out * attn.c_q(x_out) + attn.beta_out
@@ -20,11 +22,10 @@ def orthros_attention(attn, z, n_base, cos, sin):
         return t.view(B, -1, H, D).transpose(1, 2)
 
     # line 7 (RoPE): every token at its own position; an output token at its twin's
-    q = apply_rope(split(q), cos[:n_base], sin[:n_base])
-    q_out = apply_rope(split(q_out), cos[n_base:], sin[n_base:])
-    k, v = apply_rope(split(k), cos[:n_base], sin[:n_base]), split(v)
-    n_out = L - n_base
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(n_base, n_base, attn.window))      # line 8
-    y_out = F.scaled_dot_product_attention(q_out, k, v, attn_mask=attention_mask(n_out, n_base, None))     # line 9
+    q = apply_rope(split(q), cos[:T], sin[:T])
+    q_out = apply_rope(split(q_out), cos[T:], sin[T:])
+    k, v = apply_rope(split(k), cos[:T], sin[:T]), split(v)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(T, T, attn.window))          # line 8
+    y_out = F.scaled_dot_product_attention(q_out, k, v, attn_mask=attention_mask(t_out, T, None))     # line 9
     y = torch.cat([y, y_out], dim=2).transpose(1, 2).reshape(B, L, C)  # lines 10-11: merge heads, concatenate
     return attn.c_proj(y)                                           # line 12: Y = O W_O

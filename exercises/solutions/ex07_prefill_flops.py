@@ -1,6 +1,6 @@
-"""Exercise 7, the stored solution of prefill_flops (attended_pairs is bench.py's own)."""
+"""Exercise 7, the stored solution of prefill_flops (attended_pairs is perf/bench.py's own)."""
 
-from bench import attended_pairs
+from perf.bench import attended_pairs
 
 
 def prefill_flops(cfg, T):

@@ -11,12 +11,12 @@ def decode_step(model, next_idx, cache):
     x = model.wte(next_idx.reshape(-1, 1))                    # (B, 1, C): the new token's embedding
     orthros = model.config.attn == "orthros"
     z = torch.cat([x, x], dim=1) if orthros else x            # its base twin, then its output twin
-    position = torch.tensor([cache.length] * z.size(1))       # both twins sit at the new position S
+    S = cache.length                                          # positions 0 ... S-1 are in the cache
+    position = torch.full((z.size(1),), S)                    # both twins sit at the new position S
     rope = rope_cos_sin(position, model.config.n_embd // model.config.n_head, model.config.rope_base,
                         model.wte.weight.dtype)
     with torch.no_grad():
-        for l, block in enumerate(model.blocks):
-            z, present = block(z, 1, rope, (cache.k[l], cache.v[l], cache.conv[l]))
-            cache.k[l], cache.v[l], cache.conv[l] = present     # the cache keeps every position: S + 1
-        cache.length += 1
+        for block, layer_cache in zip(model.blocks, cache.layers):
+            z = block(z, 1, rope, layer_cache)                # T = 1 base token; appends its k, v: S + 1 keys
+        cache.length = S + 1
         return model.lm_head(model.ln_f(z[:, -1:])), cache   # the output twin (the only token for the baselines)
