@@ -196,9 +196,9 @@ def answer_file(n):
 def committed_stub(n):
     """The stub's text as committed (git show HEAD:...), whatever a student did to the working file;
     the working file where there is no git, or the file is not committed yet."""
-    path = STUBS / f"{ORDER[n - 1]}.py"
+    path = REPO / "exercises" / f"{ORDER[n - 1]}.py"
     try:
-        shown = subprocess.run(["git", "show", f"HEAD:{path.relative_to(REPO).as_posix()}"], cwd=REPO,
+        shown = subprocess.run(["git", "show", f"HEAD:./exercises/{path.name}"], cwd=REPO,
                                capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return path.read_text()
@@ -395,7 +395,11 @@ class Guard:
     @contextlib.contextmanager
     def installed(self, spec):
         if self.depth == 0:
-            self._install(spec)
+            try:
+                self._install(spec)
+            except BaseException:
+                self._uninstall()
+                raise
         self.depth += 1
         try:
             yield self
@@ -481,11 +485,11 @@ def _trampoline(index, n_free, name):
     It has the original's number of free variables, as a function's __code__ must."""
     free = [f"_free{i}" for i in range(n_free)]
     lines = ["def _outer():"] + ([f"    {' = '.join(free)} = None"] if free else [])
-    lines += [f"    def {name}(*args, **kwargs):"] + ([f"        ({', '.join(free)},)"] if free else [])
-    lines += [f"        return __orthros_exercise_guard__({index}, args, kwargs)", f"    return {name}"]
+    lines += ["    def _guarded(*args, **kwargs):"] + ([f"        ({', '.join(free)},)"] if free else [])
+    lines += [f"        return __orthros_exercise_guard__({index}, args, kwargs)", "    return _guarded"]
     namespace = {}
     exec(compile("\n".join(lines), "<exercise guard>", "exec"), namespace)
-    return namespace["_outer"]().__code__
+    return namespace["_outer"]().__code__.replace(co_name=name)
 
 
 class _ImportBlocker(importlib.abc.MetaPathFinder):

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import torch
 
-from exercises.framework import Bug, Case, Mutant, tiny_model, tokens
+from exercises.framework import Bug, Case, Mutant, student_side, tiny_model, tokens
 from exercises.solutions import ex05_conversion as solution
 from orthros import Orthros
 
@@ -77,14 +77,14 @@ def convert_in_place(transformer, window):
     return right_copy(transformer, window)
 
 
-right_copy = make_bug().convert   # a closure: it runs as part of the mutant
+right_copy = student_side(make_bug().convert)   # it runs as part of the mutant
 
 
 MUTANTS = [
     Mutant("orthros.py's conversion called", make_bug(reference=True),
            expect="your code called orthros.Orthros.load_transformer_weights"),
     Mutant("the Transformer's config changed", SimpleNamespace(convert=convert_in_place),
-           expect="changed its input `transformer`: `transformer.config.attn`"),
+           expect="changed its input `transformer`: `transformer.config.window` was 32, now 4"),
 ]
 
 
