@@ -28,8 +28,33 @@ How one case runs (run_case):
   3. the inputs the answer received must come back unchanged (tensors by value, models' weights,
      modes and settings, configs, caches), except those the case names as mutable.
 check() runs the cases in order and stops at the first that fails: that is the smallest.
+
+Writing a case (see exercises/checks/ for many):
+    Case("attended_pairs(T=5, window=2)",                 # what, in words a student can re-run
+         inputs=lambda: dict(T=5, window=2, n_q=None),    # named inputs; shared objects are fine:
+                                                          #   every run deep-copies them
+         call=lambda answer, T, window, n_q: answer.attended_pairs(T, window, n_q),
+         invariant="query t sees min(t + 1, w) keys",
+         expected=None,       # or (**inputs) -> the truth, when it is not the reference's output
+         atol=0.0,            # exact; 1e-12 for float64 against a different summation order
+         device=None,         # "meta": paper-size shapes at no cost (values are not compared);
+                              #   "cuda": skipped on a machine without one
+         dtype=None)          # e.g. torch.float32: floating inputs (tensors, modules) converted
+  A call may use what the answer returns (pass its cache to the next step, run the model it
+  built): each return is checked in form first; wrap further use in `with using("your model(idx)")`
+  so that what it raises is the answer's failure. A call must not change with the answer: call the
+  same functions in the same order as it does for the reference.
+A known bug: Bug(name, why, impl=variant(REFERENCE, f=wrong_f)), a copy of the reference with one
+mistake; it must fail, and the report names it wherever an answer fails the same way. A mutant:
+Mutant(name, impl=SimpleNamespace(f=...) or source="<a whole student file>", expect="words of the
+report"), a wrong answer that must fail with those words: a hard-coded size, a wrong dtype, an input
+changed in place, a refused shortcut (source= for what happens at import: `from orthros import f`,
+`f = Orthros.forward`). A source= answer is treated exactly as a student's file. Functions given as
+impl= may call the reference's (a bug is the reference with one mistake), but no other function of the
+checker while they run, unless it is marked @student_side (factories run at import are fine).
 """
 
+import ast
 import builtins
 import contextlib
 import copy
@@ -271,7 +296,7 @@ def held_shortcut(module, functions, filename):
             if not name.startswith("__")]
     for fname, fn in functions.items():
         fn = getattr(fn, "__func__", fn)
-        for i, cell in enumerate(getattr(fn, "__closure__", None) or ()):
+        for cell in getattr(fn, "__closure__", None) or ():
             try:
                 held.append((f"the closure of your `{fname}`", cell.cell_contents))
             except ValueError:
@@ -447,6 +472,7 @@ class Guard:
         return {id(fn): (lbl, why) for fn, _, _, lbl, why in self.entries}
 
     def _install(self, spec):
+        self.refusals = []
         builtins.__orthros_exercise_guard__ = self._call
         sys.meta_path.insert(0, _BLOCKER)
         found = shortcuts(spec)
@@ -628,7 +654,8 @@ class Wrapped:
                 with GUARD.running() if guarded else contextlib.nullcontext():
                     value = fn(*args, **kwargs)
             except Exception as e:
-                e.raised_by_answer = name
+                with contextlib.suppress(Exception):
+                    e.raised_by_answer = name
                 raise
             finally:
                 run.depth -= 1
@@ -655,7 +682,7 @@ def truth(spec, case, truths, i):
             output = call(case, Wrapped(spec, as_answer(spec, spec.REFERENCE), run), inputs)
         if case.expected:
             try:
-                output = case.expected(**inputs)
+                output = case.expected(**(fresh(case) if case.mutable and case.trace else inputs))
             except (NotReady, KeyboardInterrupt):
                 raise
             except Exception as e:
@@ -1137,6 +1164,20 @@ def tokens(B, T, vocab=37, seed=0):
 
 def randn(*shape, seed=0):
     return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+@contextlib.contextmanager
+def using(what):
+    """Around checker code that uses what the answer returned (runs the model it built, hands its t_out
+    to orthros.py): what that raises is a failure of the answer, "what raised ...", not the checker's."""
+    try:
+        yield
+    except (NotReady, WrongForm, Wrong):
+        raise
+    except Exception as e:
+        if getattr(e, "raised_by_answer", None):
+            raise
+        raise Wrong(f"{what} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import torch
 
-from exercises.framework import Bug, Case, Mutant, student_side, tiny_model, tokens
+from exercises.framework import Bug, Case, Mutant, student_side, tiny_model, tokens, using
 from exercises.solutions import ex05_conversion as solution
 from orthros import Orthros
 
@@ -140,11 +140,15 @@ def cases(**options):
 
 
 def converted(answer, transformer, window):
-    return answer.convert(transformer, window).eval()   # its form (an Orthros) is checked before .eval()
+    model = answer.convert(transformer, window)   # its form (an Orthros) is checked on return
+    with using("your model's .eval()"):
+        return model.eval()
 
 
 def converted_logits(answer, transformer, window, idx, t_out):
-    return logits(converted(answer, transformer, window), idx, t_out)
+    model = converted(answer, transformer, window)
+    with using(f"your model(idx, t_out={t_out})"):
+        return logits(model, idx, t_out)
 
 
 def logits(model, idx, t_out):
