@@ -98,8 +98,9 @@ class Case:
     atol: float = 0.0      # 0: exact (booleans, integers, copies)
     expected: Callable = None   # (**inputs) -> the right output, when it is not what the reference's call returns
     holds: Callable = None      # output -> None, or what is wrong: a property instead of a reference output
-    device: str = None     # where the case runs: tensors and modules of the inputs are moved there; a
-    #                        device this machine lacks (cuda) skips the case; on "meta" only forms compare
+    device: str = None     # where the case runs: inputs() runs under `with torch.device(device)`, and the
+    #                        tensors and modules it returns are moved there; a device this machine lacks
+    #                        (cuda) skips the case; on "meta" only forms compare (paper sizes cost nothing)
     dtype: torch.dtype = None   # floating tensors and modules of the inputs are converted to it
     output: str = None     # the output in words, for the report ("your logits, one per decode step")
     mutable: tuple = ()    # inputs the answer may change (e.g. a cache it appends to)
@@ -777,7 +778,8 @@ def fresh(case):
     """A deep copy of case.inputs(), on the case's device and dtype. Weak references inside it (a
     KVCache's model) point to the copies."""
     try:
-        inputs = case.inputs()
+        with torch.device(case.device) if case.device else contextlib.nullcontext():
+            inputs = case.inputs()   # tensors made here are made on the case's device (meta: no memory)
     except (NotReady, KeyboardInterrupt):
         raise
     except Exception as e:

@@ -57,10 +57,11 @@ def make_bug(swap=False, top_left=False, kv_out=False):
         q_out = apply_rope(split(q_out), cos[T:], sin[T:])
         kv_rows = z if kv_out else x                                 # kv_out: the output tokens join K, V
         k, v = apply_rope(split(attn.c_k(kv_rows)), cos[:kv_rows.size(1)], sin[:kv_rows.size(1)]), split(attn.c_v(kv_rows))
-        out_mask = attention_mask(t_out, T, None)
+        out_mask = attention_mask(t_out, T, None, z.device)
         if kv_out:
-            out_mask = torch.cat([out_mask, attention_mask(t_out, t_out, None)], dim=1)
-        y = F.scaled_dot_product_attention(q, k[:, :, :T], v[:, :, :T], attn_mask=attention_mask(T, T, attn.window))
+            out_mask = torch.cat([out_mask, attention_mask(t_out, t_out, None, z.device)], dim=1)
+        y = F.scaled_dot_product_attention(q, k[:, :, :T], v[:, :, :T],
+                                           attn_mask=attention_mask(T, T, attn.window, z.device))
         y_out = F.scaled_dot_product_attention(q_out, k, v, is_causal=True) if top_left else \
             F.scaled_dot_product_attention(q_out, k, v, attn_mask=out_mask)
         return attn.c_proj(torch.cat([y, y_out], dim=2).transpose(1, 2).reshape(B, L, C))

@@ -25,7 +25,7 @@ def orthros_attention(attn, z, T, cos, sin):
     q = apply_rope(split(q), cos[:T], sin[:T])
     q_out = apply_rope(split(q_out), cos[T:], sin[T:])
     k, v = apply_rope(split(k), cos[:T], sin[:T]), split(v)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(T, T, attn.window))          # line 8
-    y_out = F.scaled_dot_product_attention(q_out, k, v, attn_mask=attention_mask(t_out, T, None))     # line 9
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(T, T, attn.window, z.device))  # line 8
+    y_out = F.scaled_dot_product_attention(q_out, k, v, attn_mask=attention_mask(t_out, T, None, z.device))  # line 9
     y = torch.cat([y, y_out], dim=2).transpose(1, 2).reshape(B, L, C)  # lines 10-11: merge heads, concatenate
     return attn.c_proj(y)                                           # line 12: Y = O W_O
