@@ -44,15 +44,16 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script (python perf/bench.py): import from the repository root
 from data.prepare_utils import atomic_write
-from orthros import Orthros, OrthrosConfig, compile_blocks
-from perf.engine import FastDecoder
+from orthros import KVCache, Orthros, OrthrosConfig, compile_blocks
+from perf.engine import SPLIT_K_FROM, FastDecoder, bucket_len
 from sample import pick_device, sync
 
 MODELS = ("transformer", "orthros", "swa")  # the Transformer first: the others' speedups need it
-DECODERS = ("naive", "fast")                # model.decode with the KVCache; engine.FastDecoder
+DECODE_VARIANTS = ("naive", "naive+compile", "fast", "fast+compile")  # model.decode with the KVCache, or
+# engine.FastDecoder; +compile: compiled layers (compile_blocks for naive, FastDecoder(compile=True) for fast)
 TINY = dict(n_layer=2, n_embd=128, n_head=2, window=16, vocab_size=4096, prefill_lens="256,512,1024",
             long_T=512, decode_ctx="64,128", decode_batches="1,2", decode_steps=8, train_T=256, train_batch=2,
-            reps=3)
+            reps=3, decode_variants="naive,fast", split_k_from="128,none")  # tiny: both softmax paths, no compiling
 
 
 def git_state():
@@ -207,12 +208,14 @@ def make_config(args, attn):
                          n_embd=args.n_embd, window=args.window, attn=attn, max_seq_len=args.max_seq_len)
 
 
-def build_model(args, attn, dtype, device):
+def build_model(args, attn, dtype, device, compile=None):
+    """The model for attn, seeded (the same weights every call); compile (default --compile):
+    compile_blocks it."""
     torch.manual_seed(0)
     with torch.device(device):  # initialize the weights on the device directly: much faster
         model = Orthros(make_config(args, attn))
     model = model.to(dtype)
-    if args.compile:  # fuse each block's elementwise work; the warm-up calls absorb compile time
+    if args.compile if compile is None else compile:  # fuse each block's elementwise work; the warm-up calls absorb compile time
         compile_blocks(model)
     return model
 
@@ -265,15 +268,73 @@ def bench_prefill(args, device, results, save):
     save()
 
 
-def decode_run(args, model, decoder_name, ctx, B, device):
-    """Prefill a random prompt of ctx tokens (batch B), then time args.decode_steps greedy decode
-    steps (after args.warmup untimed ones, which include the fast decoder's graph capture), through
-    the model's own decode loop, model.generate_tokens, with either decoder."""
-    n_steps = args.warmup + args.decode_steps
-    decoder = None if decoder_name == "naive" else \
-        FastDecoder(model, B, max_len=ctx + n_steps, compile=args.compile)  # a cache for this run only
-    idx = random_tokens(args, B, ctx, device)
+# -- The decode section ---------------------------------------------------------------------
+
+class PromptCache:
+    """A decoder for model.generate_tokens whose prefill() hands out a prompt's cache made once
+    (prompt_cache) instead of running the model: every decoder of a round starts from the same
+    cache, and the decode loop is still the model's own, as in sample.py.
+    decoder: None (model.decode, the naive KV cache) or a FastDecoder, which load()s a copy."""
+
+    def __init__(self, model, logits, cache, decoder=None):
+        self.model, self.logits, self.cache, self.decoder = model, logits, cache, decoder
+
+    def prefill(self, idx):
+        if self.decoder is not None:
+            return self.logits, self.decoder.load(self.cache)   # copied into the static cache
+        # The naive cache appends by concatenation (new tensors): a new KVCache over the same
+        # tensors leaves the shared one as it was.
+        copy = KVCache(self.model, self.cache.batch_size)
+        for src, dst in zip(self.cache.layers, copy.layers):
+            dst.__dict__.update(src.__dict__)   # k, v (and conv_state)
+        copy.length = self.cache.length
+        return self.logits, copy
+
+    def decode(self, next_idx, state):
+        return (self.decoder or self.model).decode(next_idx, state)
+
+
+def prompt_cache(args, model, ctx, B, device):
+    """(logits (B, 1, vocab), KVCache of ctx positions) for a random prompt: model.prefill's
+    (--decode_cache prefill), or random keys and values with random logits (--decode_cache random:
+    a decode step's time does not depend on the values; no prefill to wait for)."""
     with torch.inference_mode():
+        if args.decode_cache == "prefill":
+            return model.prefill(random_tokens(args, B, ctx, device))
+        cfg = model.config
+        cache = KVCache(model, B)
+        shape = (B, cfg.n_head, ctx, cfg.n_embd // cfg.n_head)
+        for layer in cache.layers:
+            layer.k = torch.randn(shape, device=device, dtype=args.dtype)
+            layer.v = torch.randn(shape, device=device, dtype=args.dtype)
+            if cfg.conv_kernel:
+                layer.conv_state = torch.randn(B, cfg.conv_kernel - 1, cfg.n_embd, device=device, dtype=args.dtype)
+        cache.length = ctx
+        return torch.randn(B, 1, cfg.vocab_size, device=device, dtype=args.dtype), cache
+
+
+def unique_graphs():
+    """How many graphs torch.compile has compiled in this process so far."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def decode_run(args, model, variant, prompt, B, device):
+    """Time args.decode_steps greedy decode steps (after args.warmup untimed ones, which include
+    the fast decoder's graph capture and any compilation) after the prompt's cache, through the
+    model's own decode loop, model.generate_tokens, with the variant's decoder. The fast decoder
+    is built as sample.py builds it: FastDecoder(model, B, max_len=prompt + new tokens), plus
+    the variant's compile and split_k_from."""
+    logits, cache = prompt
+    ctx, n_steps = cache.length, args.warmup + args.decode_steps
+    fast = None
+    if variant.decoder == "fast":
+        fast = FastDecoder(model, B, max_len=ctx + n_steps, compile=variant.compiled, split_k_from=variant.split_k_from)
+    decoder = PromptCache(model, logits, cache, fast)
+    idx = torch.zeros(1, 1, dtype=torch.long, device=device).expand(B, ctx)  # the prompt's shape: prefill() ignores it
+    graphs = unique_graphs()
+    keys_read = set()
+    with torch.inference_mode():
+        t_first = time.perf_counter()
         # generate_tokens yields its first token after prefill, then one after each decode step
         for step, _ in enumerate(model.generate_tokens(idx, n_steps + 1, temperature=0, decoder=decoder)):
             if step == 0 and device.type == "cuda":  # the peak of the decode phase: cache + one step
@@ -281,49 +342,165 @@ def decode_run(args, model, decoder_name, ctx, B, device):
             if step == args.warmup:
                 sync(device)
                 t0 = time.perf_counter()
+                graphs_warm = unique_graphs()
+            if fast is not None and fast.last_n_keys is not None:
+                keys_read.add(fast.last_n_keys)
         sync(device)
         dt = time.perf_counter() - t0
-    return {"tokens_per_s": B * args.decode_steps / dt, "ms_per_step": 1e3 * dt / args.decode_steps}
+    rec = {"tokens_per_s": B * args.decode_steps / dt, "ms_per_step": 1e3 * dt / args.decode_steps,
+           "warmup_s": t0 - t_first, "compiles_warmup": graphs_warm - graphs, "compiles_timed": unique_graphs() - graphs_warm}
+    if fast is not None:
+        split = {fast.uses_split_k(n) for n in keys_read}
+        rec["split_k"] = split.pop() if len(split) == 1 else "mixed"
+        rec["keys_read"] = sorted(keys_read)
+    return rec
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A decoder as the decode section runs it: naive or fast, eager or compiled layers, and the
+    fast decoder's split_k_from."""
+    decoder: str
+    compiled: bool
+    split_k_from: object = None
+
+    def label(self, default_split=SPLIT_K_FROM):
+        name = self.decoder + ("+compile" if self.compiled else "")
+        if self.decoder == "fast" and self.split_k_from != default_split:
+            name += f" split_k_from={'none' if self.split_k_from is None else self.split_k_from}"
+        return name
+
+
+def decode_variants(args, attn, ctx):
+    """The variants to run for a model at a context: --decode_variants, the fast ones once per
+    --split_k_from value, leaving out a value whose steps split exactly as an earlier one's do."""
+    n_steps = args.warmup + args.decode_steps
+    out = []
+    for name in args.decode_variants:
+        decoder, compiled = name.split("+")[0], name.endswith("+compile")
+        if decoder == "naive":
+            out.append(Variant(decoder, compiled))
+            continue
+        seen = set()
+        for split_k_from in args.split_k_from:
+            splits = frozenset(attn != "swa" and split_k_from is not None and bucket_len(n + 1) >= split_k_from
+                               for n in range(ctx, ctx + n_steps))
+            if splits not in seen:
+                seen.add(splits)
+                out.append(Variant(decoder, compiled, split_k_from))
+    return out
+
+
+def measure_run(fn, device):
+    """measure() for one decode run, without its gc and cache flushes per call (a few hundred
+    runs): figures + "status" + peak GPU memory; an error is recorded, not raised."""
+    try:
+        rec = {**fn(), "status": "ok"}
+        if device.type == "cuda":
+            rec["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+        return rec
+    except Exception as e:
+        oom = isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
+        if not oom:
+            traceback.print_exc()
+        status = "OOM" if oom else f"error: {type(e).__name__}: {e}"[:300]
+    free_memory(device)  # what the traceback held
+    return {"status": status}
 
 
 def bench_decode(args, device, results, save):
-    """For each (ctx, batch): --decode_reps rounds, each measuring every model with each decoder
-    in turn (interleaved, so a slow spell of the machine hits all alike); the median is reported."""
-    models = {attn: build_model(args, attn, args.dtype, device).eval() for attn in MODELS}
-    for ctx in args.decode_ctx:
-        for B in args.decode_batches:
-            runs = {(attn, dec): [] for attn in MODELS for dec in DECODERS}
-            for _ in range(args.decode_reps):
-                for attn in MODELS:
-                    for dec in DECODERS:
-                        runs[attn, dec].append(measure(lambda: decode_run(args, models[attn], dec, ctx, B, device), device))
-            for (attn, dec), recs in runs.items():
-                rec = {"attn": attn, "decoder": dec, "ctx": ctx, "batch": B, "steps": args.decode_steps,
-                       **summarize_runs(recs)}
-                if rec.get("ms_per_step"):
-                    model = models[attn]
-                    keys = ctx + args.warmup + (args.decode_steps + 1) / 2  # mean valid prefix of the timed steps
-                    rec["hbm_fraction"] = hbm_fraction(model.config, sum(p.numel() for p in model.parameters()), B, keys,
-                                                       rec["ms_per_step"] / 1e3, args.hbm_tbps * 1e12,
-                                                       torch.finfo(args.dtype).bits // 8)
-                results["decode"].append(rec)
-                print(f"decode  {attn:>11} {dec:>5} ctx={ctx:>6} B={B}: {fmt(rec, 'tokens_per_s', '{:.0f} tok/s')} "
-                      f"{fmt(rec, 'ms_per_step', '{:.2f} ms/step')} {fmt(rec, 'hbm_fraction', '{:.0%} of HBM bw')}  "
-                      f"{fmt(rec, 'peak_mem_gb', '{:.2f} GB')}", flush=True)
-            save()
-    models = None
+    """Every (ctx, batch) x model x variant, --decode_reps rounds. A round runs each (ctx, batch)
+    once: per model one prompt cache (prompt_cache), then every variant's decoder from it, in
+    turn (interleaved, so a slow spell of the machine hits all alike); the median is reported.
+    Rounds are the outer loop, so that a --time_budget that runs out leaves every setting with
+    at least the first round's figures; a (ctx, batch) whose next round would not fit is skipped."""
+    t_start = time.time()
+    models = {attn: build_model(args, attn, args.dtype, device, compile=False).eval() for attn in MODELS}
+    twins = {}  # the same weights with compiled blocks, for naive+compile (compile_blocks is in place)
+    if "naive+compile" in args.decode_variants:
+        for attn in MODELS:
+            twins[attn] = build_model(args, attn, args.dtype, device, compile=False).eval()
+            twins[attn].load_state_dict(models[attn].state_dict())
+            compile_blocks(twins[attn])
+    settings = [(ctx, B) for ctx in args.decode_ctx for B in args.decode_batches]
+    runs = {}           # (ctx, B, attn, Variant) -> [record per round]
+    round_s = {}        # (ctx, B) -> seconds its fastest round took
+    n_params = {attn: sum(p.numel() for p in m.parameters()) for attn, m in models.items()}
+    results["decode_meta"] = {
+        "decode_cache": {"prefill": "model.prefill of a random prompt, once per model, (ctx, batch) and round; "
+                                    "every decoder of the round starts from a copy of that cache",
+                         "random": "random keys and values (N(0, 1)) and random logits, once per model, (ctx, batch) "
+                                   "and round, instead of a prefill; every decoder of the round starts from a copy"
+                         }[args.decode_cache],
+        "fast_decoder": "FastDecoder(model, batch, max_len=ctx + new tokens, compile=..., split_k_from=...), as sample.py "
+                        "builds it (sample.py: compile=False, split_k_from default)",
+        "split_k_from_default": SPLIT_K_FROM, "time_budget_s": args.time_budget, "skipped": []}
+
+    def summarize():
+        results["decode"] = []
+        for (ctx, B, attn, var), recs in runs.items():
+            rec = {"attn": attn, "variant": var.label(), "decoder": var.decoder,
+                   "layers": "compiled" if var.compiled else "eager", "ctx": ctx, "batch": B, "steps": args.decode_steps}
+            if var.decoder == "fast":
+                rec["split_k_from"] = var.split_k_from
+            rec.update(summarize_runs(recs))
+            if rec.get("ms_per_step"):
+                keys = ctx + args.warmup + (args.decode_steps + 1) / 2  # mean valid prefix of the timed steps
+                rec["hbm_fraction"] = hbm_fraction(models[attn].config, n_params[attn], B, keys, rec["ms_per_step"] / 1e3,
+                                                   args.hbm_tbps * 1e12, torch.finfo(args.dtype).bits // 8)
+            results["decode"].append(rec)
+        save()
+
+    for rnd in range(args.decode_reps):
+        for ctx, B in settings:
+            elapsed = time.time() - args.t_start
+            if args.time_budget and elapsed + (round_s.get((ctx, B), 0) if rnd else 0) > args.time_budget:
+                results["decode_meta"]["skipped"].append({"ctx": ctx, "batch": B, "round": rnd + 1})
+                print(f"NOTE: decode ctx={ctx} B={B} round {rnd + 1} skipped: --time_budget {args.time_budget} s "
+                      f"({elapsed:.0f} s spent)", flush=True)
+                continue
+            t0 = time.time()
+            line = []
+            for attn in MODELS:
+                free_memory(device)
+                try:
+                    prompt = prompt_cache(args, models[attn], ctx, B, device)
+                except Exception as e:  # e.g. OOM: every variant of this model fails alike
+                    prompt = e
+                for var in decode_variants(args, attn, ctx):
+                    model = twins[attn] if var.decoder == "naive" and var.compiled else models[attn]
+                    if isinstance(prompt, Exception):
+                        rec = {"status": f"prompt cache failed: {type(prompt).__name__}: {prompt}"[:300]}
+                    else:
+                        rec = measure_run(lambda: decode_run(args, model, var, prompt, B, device), device)
+                    runs.setdefault((ctx, B, attn, var), []).append(rec)
+                    line.append(f"{attn} {var.label()}: {fmt(rec, 'tokens_per_s', '{:.0f}')}")
+                prompt = None
+            round_s[ctx, B] = min(round_s.get((ctx, B), float("inf")), time.time() - t0)
+            print(f"decode round {rnd + 1} ctx={ctx:>6} B={B} ({time.time() - t0:.1f} s), tok/s: " + "; ".join(line), flush=True)
+            summarize()
+    summarize()
+    print(f"-- decode: {time.time() - t_start:.0f} s", flush=True)
+    models = twins = None
     free_memory(device)
 
 
 def summarize_runs(recs):
     """The median tokens/s and ms/step over the runs that succeeded, the largest peak memory, every
-    run's tokens/s; the first failure's status when none succeeded."""
+    run's tokens/s, the compiles during timed steps (should be 0); the first failure's status when
+    none succeeded."""
     ok = [r for r in recs if r["status"] == "ok"]
     if not ok:
         return {"status": recs[0]["status"], "runs": len(recs)}
     out = {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in ok),
            "ms_per_step": statistics.median(r["ms_per_step"] for r in ok),
-           "runs_tokens_per_s": [r["tokens_per_s"] for r in ok], "runs": len(recs), "status": "ok"}
+           "runs_tokens_per_s": [r["tokens_per_s"] for r in ok], "runs": len(recs), "status": "ok",
+           "warmup_s": [round(r["warmup_s"], 3) for r in ok],
+           "compiles_warmup": sum(r["compiles_warmup"] for r in ok),
+           "compiles_timed": sum(r["compiles_timed"] for r in ok)}
+    for key in ("split_k", "keys_read"):
+        if key in ok[0]:
+            out[key] = ok[0][key]
     if any("peak_mem_gb" in r for r in ok):
         out["peak_mem_gb"] = max(r.get("peak_mem_gb", 0) for r in ok)
     if len(ok) < len(recs):
@@ -384,23 +561,30 @@ def print_tables(results, sections=("prefill", "decode", "train")):
                    for a in ("orthros", "swa")]
             print(f"{s['T']:>7} | " + " | ".join(cells) + " | " + " | ".join(f"{c:>24}" for c in spd))
     if "decode" in sections and results["decode"]:
-        print("\nDecode, tokens/s (median of the interleaved runs) [fraction of the HBM-bandwidth limit]; "
-              "naive = model.decode with the KVCache, fast = engine.FastDecoder")
-        rows = {(r["attn"], r["decoder"], r["ctx"], r["batch"]): r for r in results["decode"]}
-        print(f"{'ctx':>7} {'batch':>5} | " + " | ".join(f"{a + ' naive':>18} {a + ' fast':>18}" for a in MODELS)
-              + f" | {'orthros/transformer naive, fast':>31} | peak GB, fast")
-        for ctx, B in dict.fromkeys((r["ctx"], r["batch"]) for r in results["decode"]):
-            cells, tps = [], {}
-            for a in MODELS:
-                for d in DECODERS:
-                    r = rows.get((a, d, ctx, B), {})
-                    tps[a, d] = r.get("tokens_per_s")
-                    cells.append(f"{fmt(r, 'tokens_per_s', '{:.0f}'):>10} {fmt(r, 'hbm_fraction', '[{:.0%}]'):>7}")
-            ratios = [f"{tps['orthros', d] / tps['transformer', d]:.2f}" if tps["orthros", d] and tps["transformer", d] else "-"
-                      for d in DECODERS]
-            peaks = " ".join(fmt(rows.get((a, "fast", ctx, B), {}), "peak_mem_gb", "{:.1f}") for a in MODELS)
-            print(f"{ctx:>7} {B:>5} | " + " | ".join(f"{cells[2 * i]} {cells[2 * i + 1]}" for i in range(len(MODELS)))
-                  + f" | {', '.join(ratios):>31} | {peaks}")
+        print("\nDecode, tokens/s (median of the interleaved rounds) [fraction of the HBM-bandwidth limit] ms/step; "
+              "naive = model.decode with the KVCache, fast = engine.FastDecoder, +compile = compiled layers; "
+              f"split_k_from: the fast decoder's, default {SPLIT_K_FROM}; split = the timed steps used split-K")
+        rows = {(r["attn"], r["variant"], r["ctx"], r["batch"]): r for r in results["decode"]}
+        variants = list(dict.fromkeys(r["variant"] for r in results["decode"]))
+        width = max(len(v) for v in variants)
+        print(f"{'ctx':>7} {'batch':>5} {'variant':<{width}} {'split':>5} | " + " | ".join(f"{a:>24}" for a in MODELS)
+              + f" | {'orthros/transformer':>19} | peak GB")
+        for ctx, B in sorted(dict.fromkeys((r["ctx"], r["batch"]) for r in results["decode"])):
+            for v in variants:
+                recs = [rows.get((a, v, ctx, B), {}) for a in MODELS]
+                if not any(recs):
+                    continue
+                cells = [f"{fmt(r, 'tokens_per_s', '{:.0f}'):>8} {fmt(r, 'hbm_fraction', '[{:.0%}]'):>6} "
+                         f"{fmt(r, 'ms_per_step', '{:.2f}'):>8}" if r else f"{'':>24}" for r in recs]
+                t, o = recs[0].get("tokens_per_s"), recs[1].get("tokens_per_s")
+                split = {True: "yes", False: "no"}.get(recs[1].get("split_k", recs[0].get("split_k")), "mixed") \
+                    if v.startswith("fast") else ""
+                peaks = " ".join(fmt(r, "peak_mem_gb", "{:.1f}") for r in recs if r)
+                print(f"{ctx:>7} {B:>5} {v:<{width}} {split:>5} | " + " | ".join(cells)
+                      + f" | {f'{o / t:.2f}' if t and o else '-':>19} | {peaks}")
+        timed = [f"{r['attn']} {r['variant']} ctx={r['ctx']} B={r['batch']}: {r['compiles_timed']}"
+                 for r in results["decode"] if r.get("compiles_timed")]
+        print("compiled graphs during timed steps: " + ("; ".join(timed) if timed else "none"))
     if "train" in sections and results["train"]:
         print("\nTraining step (forward + backward + AdamW, bf16 autocast, fp32 weights)")
         print(f"{'model':>11} | {'T':>6} {'batch':>5} | {'ms/step':>9} {'tokens/s':>10} {'TFLOP/step':>10} {'MFU':>7} {'peak GB':>8} {'compiled':>8}")
@@ -442,24 +626,43 @@ def save_prefill_plot(results, path):
 
 
 def save_decode_plot(results, path):
-    """Decode tokens/s for each (ctx, batch): one bar per model and decoder (hatched: naive), log y."""
+    """Decode, per (ctx, batch): tokens/s of every model and variant (bars, log y; hatched: naive),
+    Orthros / Transformer for each variant (with the 0.95 target), and the fast variants'
+    fraction of the HBM-bandwidth limit."""
     plt = _pyplot(path)
     if plt is None:
         return
-    groups = list(dict.fromkeys((r["ctx"], r["batch"]) for r in results["decode"]))
-    tps = {(r["attn"], r["decoder"], r["ctx"], r["batch"]): r.get("tokens_per_s") for r in results["decode"]}
-    fig, ax = plt.subplots(figsize=(1.6 * len(groups) + 2, 4.5))
-    width = 0.8 / (len(MODELS) * len(DECODERS))
-    for i, (attn, dec) in enumerate((a, d) for a in MODELS for d in DECODERS):
+    recs = results["decode"]
+    groups = sorted(dict.fromkeys((r["ctx"], r["batch"]) for r in recs))
+    variants = list(dict.fromkeys(r["variant"] for r in recs))
+    get = {(r["attn"], r["variant"], r["ctx"], r["batch"]): r for r in recs}
+    fig, axes = plt.subplots(3, 1, figsize=(max(8, 1.8 * len(groups) + 3), 11), sharex=True)
+    width = 0.8 / (len(MODELS) * len(variants))
+    for i, (attn, v) in enumerate((a, v) for a in MODELS for v in variants):
         xs = [g + (i + 0.5) * width - 0.4 for g in range(len(groups))]
-        ys = [tps.get((attn, dec) + grp) or 0 for grp in groups]
-        ax.bar(xs, ys, width, color=f"C{MODELS.index(attn)}", hatch="//" if dec == "naive" else None,
-               edgecolor="white" if dec == "naive" else None, label=f"{attn}, {dec}")
-    ax.set_xticks(range(len(groups)), [f"{c // 1024}K x {b}" if c >= 1024 else f"{c} x {b}" for c, b in groups])
-    ax.set(yscale="log", xlabel="context x batch", ylabel="tokens/s",
-           title="Decode speed: naive KV cache (hatched) vs FastDecoder")
-    ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.15))
+        ys = [get.get((attn, v) + grp, {}).get("tokens_per_s") or 0 for grp in groups]
+        axes[0].bar(xs, ys, width, color=f"C{MODELS.index(attn)}", alpha=1 - 0.6 * variants.index(v) / max(1, len(variants)),
+                    hatch="//" if v.startswith("naive") else None, label=f"{attn}, {v}")
+    axes[0].set(yscale="log", ylabel="tokens/s", title="Decode speed (hatched: naive KV cache)")
+    axes[0].legend(fontsize=6, ncol=3)
+    for j, v in enumerate(variants):
+        xs = [g + (j + 0.5) * 0.8 / len(variants) - 0.4 for g in range(len(groups))]
+        ratio = [(get.get(("orthros", v) + grp, {}).get("tokens_per_s") or float("nan")) /
+                 (get.get(("transformer", v) + grp, {}).get("tokens_per_s") or float("nan")) for grp in groups]
+        axes[1].plot(xs, ratio, "o", color=f"C{j}", label=v)
+        if v.startswith("fast"):
+            for attn, marker in (("transformer", "s"), ("orthros", "o")):
+                hbm = [get.get((attn, v) + grp, {}).get("hbm_fraction") or float("nan") for grp in groups]
+                axes[2].plot(xs, hbm, marker, color=f"C{j}", label=f"{attn}, {v}")
+    axes[1].axhline(0.95, color="gray", ls="--", lw=1)
+    axes[1].set(ylabel="orthros / transformer", title="Orthros vs Transformer, tokens/s (target >= 0.95)")
+    axes[1].legend(fontsize=7, ncol=2)
+    axes[2].set(ylabel="fraction of HBM limit", ylim=(0, 1), title="Fast decoder: fraction of the HBM-bandwidth limit")
+    axes[2].legend(fontsize=6, ncol=2)
+    axes[2].set_xticks(range(len(groups)), [f"{c // 1024}K x {b}" if c >= 1024 else f"{c} x {b}" for c, b in groups])
+    axes[2].set_xlabel("context x batch")
+    for ax in axes:
+        ax.grid(True, axis="y", which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -489,7 +692,21 @@ def parse_args(argv=None):
     p.add_argument("--decode_ctx", default="4096,32768,131072", help="comma-separated context lengths for decoding")
     p.add_argument("--decode_batches", default="1,8", help="comma-separated decode batch sizes")
     p.add_argument("--decode_steps", type=int, default=50, help="timed decode steps per run")
-    p.add_argument("--decode_reps", type=int, default=3, help="interleaved runs per (model, decoder, ctx, batch); the median is reported")
+    p.add_argument("--decode_reps", type=int, default=3, help="interleaved rounds: runs per (model, variant, ctx, batch); the median is reported")
+    p.add_argument("--decode_variants", default=",".join(DECODE_VARIANTS),
+                   help="comma-separated decoders to time: naive, naive+compile (compile_blocks), fast, fast+compile "
+                        "(FastDecoder(compile=True))")
+    p.add_argument("--split_k_from", default=str(SPLIT_K_FROM),
+                   help="comma-separated split_k_from values for the fast decoder (ints; 'none' = never split); each runs "
+                        "as its own variant, except one whose steps would split exactly as an earlier value's do")
+    p.add_argument("--decode_cache", default="prefill", choices=["prefill", "random"],
+                   help="where each round's prompt cache comes from: model.prefill of a random prompt, or random keys "
+                        "and values (no prefill: a Transformer prefill of 128K x 8 takes seconds); shared by every "
+                        "decoder of the round either way")
+    p.add_argument("--time_budget", type=float, default=0,
+                   help="seconds (from the start) after which the decode section starts no (ctx, batch) round that would "
+                        "not fit (estimated from its first round); 0 = no limit. Rounds run outermost, so every setting "
+                        "gets at least one round")
     p.add_argument("--hbm_tbps", type=float, default=4.8, help="HBM bandwidth in TB/s for hbm_fraction (H200: 4.8)")
     p.add_argument("--train_T", type=int, default=2048, help="training sequence length")
     p.add_argument("--train_batch", type=int, default=8, help="training batch size")
@@ -499,8 +716,10 @@ def parse_args(argv=None):
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated models for the prefill section")
     p.add_argument("--sections", default="prefill,decode,train", help="comma-separated subset of prefill,decode,train")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile every block of every model (compile_blocks(model)) in all sections, "
-                        "and each layer of the fast decoder's step (FastDecoder(compile=True))")
+                   help="torch.compile every block of every model (compile_blocks(model)) in the prefill and train "
+                        "sections (the decode section runs each of --decode_variants, eager and compiled)")
+    p.add_argument("--out", help="write the JSON here, and the plots beside it (<stem>_prefill.png, <stem>_decode.png), "
+                                 "unless --out_png / --out_decode_png say otherwise")
     p.add_argument("--out_json", default="bench_results.json", help="where to write every figure")
     p.add_argument("--out_png", default="bench_prefill.png", help="prefill plot (needs matplotlib); '' for none")
     p.add_argument("--out_decode_png", default="bench_decode.png", help="decode plot (needs matplotlib); '' for none")
@@ -511,6 +730,23 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.prefill_lens, args.decode_ctx, args.decode_batches = map(ints, (args.prefill_lens, args.decode_ctx, args.decode_batches))
     args.sections = [s for s in args.sections.split(",") if s]
+    args.decode_variants = [v for v in args.decode_variants.split(",") if v]
+    if not args.decode_variants or set(args.decode_variants) - set(DECODE_VARIANTS):
+        p.error(f"--decode_variants takes a comma-separated subset of {','.join(DECODE_VARIANTS)}, got {','.join(args.decode_variants)!r}")
+    try:
+        args.split_k_from = [None if s.lower() == "none" else int(s) for s in args.split_k_from.split(",") if s]
+    except ValueError:
+        p.error(f"--split_k_from takes comma-separated ints or 'none', got {args.split_k_from!r}")
+    if not args.split_k_from or any(s is not None and s < 0 for s in args.split_k_from):
+        p.error("--split_k_from needs at least one value, each >= 0 or 'none'")
+    if args.out:
+        stem = str(Path(args.out).with_suffix(""))
+        explicit = lambda flag: any(a == flag or a.startswith(flag + "=") for a in (argv if argv is not None else sys.argv[1:]))
+        args.out_json = args.out
+        if not explicit("--out_png"):
+            args.out_png = stem + "_prefill.png"
+        if not explicit("--out_decode_png"):
+            args.out_decode_png = stem + "_decode.png"
     args.models = [m for m in args.models.split(",") if m]
     if not args.models or set(args.models) - set(MODELS):
         p.error(f"--models takes a comma-separated subset of {','.join(MODELS)}, got {','.join(args.models)!r}")
@@ -529,13 +765,16 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    t_main = time.time()
     args = parse_args(argv)
+    args.t_start = t_main  # --time_budget counts from here
     device = torch.device(args.device)
     args.dtype = getattr(torch, args.dtype)
     # Long enough for every prompt, every decode run (prompt + warmup + timed steps), and training.
     args.max_seq_len = max(args.prefill_lens + [c + args.warmup + args.decode_steps + 1 for c in args.decode_ctx] + [args.train_T])
     torch.set_float32_matmul_precision("high")
-    if args.compile:  # three models x prefill/decode/train shapes: more graphs than the default limit of 8
+    if args.compile or any(v.endswith("+compile") for v in args.decode_variants):
+        # three models x prefill/decode/train shapes: more graphs than the default limit of 8
         torch._dynamo.config.recompile_limit = 64
         torch._dynamo.config.accumulated_recompile_limit = 1024
     results = {

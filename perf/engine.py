@@ -90,10 +90,10 @@ def _wide_bmm(a, b):
 
 
 def _scores(q, k):
-    """q @ k^T in at least float32: (B, H, L, D) x (B, H, S, D) -> (B, H, L, S): one matmul
-    over all S keys (S is a whole bucket: cuBLAS is fast at such lengths, see FastDecoder)."""
+    """q @ k^T in at least float32: (B, H, L, D) x (B, H, S, D) (or (B * H, S, D)) -> (B, H, L, S):
+    one matmul over all S keys (S is a whole bucket: cuBLAS is fast at such lengths, see FastDecoder)."""
     B, H, L, D = q.shape
-    out = _wide_bmm(q.reshape(B * H, L, D), k.reshape(B * H, -1, D).transpose(1, 2))
+    out = _wide_bmm(q.reshape(B * H, L, D), (k.flatten(0, 1) if k.dim() == 4 else k).transpose(1, 2))
     return out.view(B, H, L, -1)
 
 
@@ -118,7 +118,7 @@ def chunked_values(p, v_chunks):
 
 
 def chunked_attention(q, k, v_chunks, mask):
-    """attend() over the chunked value cache: q (B, H, L, D), k (B, H, S, D), v_chunks
+    """attend() over the chunked value cache: q (B, H, L, D), k (B, H, S, D) or (B * H, S, D), v_chunks
     (n, B, H, c, D) with S = n * c, mask (L, S). Softmax in one kernel (one block per row)."""
     scores = torch.add(mask, _scores(q, k), alpha=q.size(-1) ** -0.5)
     return chunked_values(torch.softmax(scores, dim=-1), v_chunks).to(v_chunks.dtype)
@@ -159,7 +159,9 @@ def decode_attention(q, k_cache, v_cache, masks, window, split):
         v = v_cache.view(-1, D).index_select(0, slots).view(B, H, -1, D)
         return attend(q, k, v, mask)
     n, c = masks.size(1), masks.size(2)
-    k, v_chunks, mask = k_cache[:, :, :n * c], v_cache[:n], masks[:L].flatten(1)
+    # NOTE: flatten the whole cache, then slice: a slice of (B, H, rows, D) flattened would make
+    # torch.compile guard on whether the bucket is the whole cache (one more graph).
+    k, v_chunks, mask = k_cache.flatten(0, 1)[:, :n * c], v_cache[:n], masks[:L].flatten(1)
     return (split_k_attention if split else chunked_attention)(q, k, v_chunks, mask)
 
 
@@ -259,6 +261,11 @@ class FastDecoder:
         # max_len = 4,151) sends the matmuls over the keys down a slow cuBLAS path on an H200,
         # 2-13x slower than at a multiple of 256 (Orthros's (B*H, 2, D) x (D, n_keys) worst).
         self.cache = StaticKVCache(cfg, batch_size, max_len, device, dtype, chunk)
+        self.compiled = bool(compile)
+        if compile:
+            self._compile(compile if isinstance(compile, dict) else {})
+        else:
+            self.layer = decode_layer
         self.last_n_keys = None
         with torch.inference_mode(False):
             self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # the step's input
@@ -267,13 +274,21 @@ class FastDecoder:
                               torch.empty(2, cfg.n_embd, device=device, dtype=dtype))
                              if block.attn.scale_offset else None for block in model.blocks]
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
-        if compile:
-            options = dict(fullgraph=True, dynamic=True, **(compile if isinstance(compile, dict) else {}))
-            self.layer = torch.compile(decode_layer, **options)
-        else:
-            self.layer = decode_layer
         self.graphs = {}  # n_keys -> (CUDAGraph, its static logits)
         self.pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None  # shared by all buckets
+
+    def _compile(self, options):
+        """torch.compile decode_layer, its sizes that vary between decoders and steps dynamic: the
+        batch (but 1, which compiles apart), the cache rows, the chunks read. So one graph serves
+        a model kind, a split mode and batch 1 or more, at every context length.
+        NOTE: all layers and decoders share decode_layer's cache of graphs, up to three model kinds
+        x two split modes x two batch kinds: more than torch._dynamo's default recompile_limit
+        (8), past which it would run the layer eagerly without a word; so raise it to >= 64."""
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        c = self.cache
+        for t, dims in [(k, (0, 2)) for k in c.k] + [(v, (0, 1)) for v in c.v] + [(s, (0,)) for s in c.conv if s is not None]:
+            torch._dynamo.maybe_mark_dynamic(t, dims)
+        self.layer = torch.compile(decode_layer, fullgraph=True, **options)
 
     @torch.no_grad()
     def prefill(self, idx):
@@ -365,6 +380,9 @@ class FastDecoder:
             rows, mask = window_rows(self.pos, cfg.window)
             window = (rows, value_slots(rows, B * H, self.chunk).view(-1), mask)
         split = self.uses_split_k(n_keys)
+        if self.compiled:  # the batch and the chunks read are dynamic sizes: no recompiling per bucket
+            for t, dims in ((z, (0,)), (masks, (1,)), (slots, (0,))) + (((window[1], (0,)),) if window else ()):
+                torch._dynamo.maybe_mark_dynamic(t, dims)
         for block, k, v, conv, q_affine in zip(model.blocks, c.k, c.v, c.conv, self.q_affine):
             z = self.layer(block, z, (k, v, slots, conv), q_affine, self.pos, rope, masks, window, split)
         return model.lm_head(model.ln_f(z[:, -1:]))                     # Alg. 2, lines 9-10
