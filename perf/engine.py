@@ -217,11 +217,6 @@ class StaticKVCache:
         self.batch_size, self.max_len, self.rows, self.chunk = batch_size, max_len, rows, chunk
         self.length = 0  # valid positions
 
-    def values(self, l):
-        """Layer l's values as (B, n_head, rows, head_dim), the naive cache's layout (a copy)."""
-        n, B, H, c, D = self.v[l].shape
-        return self.v[l].permute(1, 2, 0, 3, 4).reshape(B, H, n * c, D)
-
 
 class FastDecoder:
     """prefill/decode like the model's own, over a StaticKVCache, with a CUDA graph per bucket.

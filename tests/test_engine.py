@@ -1,7 +1,8 @@
 """
 The fast decoder (engine.py) is the naive KV-cache decoder (Orthros.prefill/decode) with
-another cache: the same tokens and the same logits. CPU tests in float32, tiny shapes; the
-test marked `cuda` runs the captured graphs in bf16 on a trained checkpoint.
+another cache: the same tokens and the same logits. CPU tests in float32 (float64 for split-K),
+tiny shapes; the tests marked `cuda` run the captured graphs in bf16 on a trained checkpoint,
+and split-K at 128K keys.
 
 Run: python -m pytest -q test_engine.py
 """
@@ -9,7 +10,8 @@ Run: python -m pytest -q test_engine.py
 import pytest
 import torch
 
-from perf.engine import FastDecoder, bucket_len
+from perf import engine
+from perf.engine import FastDecoder, attend, bucket_len, chunked_attention, key_masks, split_k_attention
 from orthros import ATTN_TYPES, Orthros, OrthrosConfig
 
 VOCAB = 61
@@ -79,6 +81,136 @@ def test_fast_decoder_matches_naive_in_inference_mode():
     with torch.inference_mode():
         assert_same_decoding(model, fast, idx, 20)
     assert_same_decoding(model, fast, idx, 20)  # and again outside it
+
+
+def test_fast_decoder_reads_whole_buckets_of_an_aligned_cache(monkeypatch):
+    """With an odd max_len (301, chunk 8) the cache is allocated in whole buckets (304 rows), and
+    every step's attention reads a whole bucket, a multiple of the chunk, never a count clamped
+    to max_len: over ~37 buckets, up to the last step, whose bucket (304) is past max_len."""
+    read = []
+    real = engine.decode_attention
+
+    def spy(q, k_cache, v_cache, masks, window, split):   # the keys each layer's attention reads
+        read.append(masks.size(1) * masks.size(2))
+        return real(q, k_cache, v_cache, masks, window, split)
+
+    monkeypatch.setattr(engine, "decode_attention", spy)
+    model = make_model()
+    fast = FastDecoder(model, batch_size=2, max_len=301, chunk=8)
+    cache = fast.cache
+    assert cache.rows == 304 == bucket_len(301, 8)
+    assert all(k.size(2) == 304 for k in cache.k) and all(v.size(0) * v.size(3) == 304 for v in cache.v)
+    logits, state = fast.prefill(torch.randint(0, VOCAB, (2, 5)))
+    seen = []
+    while state.length < 301:
+        length = state.length
+        logits, state = fast.decode(logits[:, -1].argmax(-1), state)
+        n = fast.last_n_keys
+        assert n % 8 == 0 and length < n <= cache.rows and n == bucket_len(length + 1, 8)
+        assert read[-model.config.n_layer:] == [n] * model.config.n_layer
+        seen.append(n)
+    assert len(set(seen)) >= 30 and seen[-1] == 304
+
+
+def test_fast_decoder_at_the_issues_odd_length():
+    """max_len = 4,151 (prompt + new tokens, as sample.py and bench.py build it): the cache holds
+    4,352 rows (17 x 256) and the steps read 4,096 and then 4,352 keys, not 4,151; the same
+    logits as the naive decoder."""
+    model = make_model(max_seq_len=4200)
+    fast = FastDecoder(model, batch_size=1, max_len=4151)
+    assert fast.cache.rows == 4352
+    idx = torch.randint(0, VOCAB, (1, 4094), generator=torch.Generator().manual_seed(3))
+    tokens, logits = greedy(model, idx, 5)
+    fast_tokens, fast_logits = greedy(fast, idx, 5)
+    assert fast.last_n_keys == 4352 and torch.equal(fast_tokens, tokens)
+    torch.testing.assert_close(fast_logits, logits, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("attn", ATTN_TYPES)
+@pytest.mark.parametrize("conv_kernel", [0, 3])
+def test_split_k_decoder_matches_naive_across_the_threshold(attn, conv_kernel, monkeypatch):
+    """float64, batch 3, 130 greedy steps from a prompt of 20: the steps read 24 ... 152 keys in
+    chunks of 4, one softmax per row below split_k_from = 64, split-K from there on (SWA reads
+    its window instead): the naive decoder's tokens, logits within 1e-6."""
+    calls = {"split": 0, "one": 0}
+    for name, key in (("split_k_attention", "split"), ("chunked_attention", "one")):
+        real = getattr(engine, name)
+        monkeypatch.setattr(engine, name, lambda *a, real=real, key=key: calls.__setitem__(key, calls[key] + 1) or real(*a))
+    model = make_model(attn, conv_kernel, dtype=torch.float64)
+    fast = FastDecoder(model, batch_size=3, max_len=150, chunk=4, split_k_from=64)
+    idx = torch.randint(0, VOCAB, (3, 20), generator=torch.Generator().manual_seed(4))
+    assert_same_decoding(model, fast, idx, 130)
+    if attn == "swa":
+        assert calls == {"split": 0, "one": 0}
+    else:  # 2 layers; the steps at lengths 20 ... 59 read 24 ... 60 keys, those at 60 ... 149 read 64 ... 152
+        assert calls == {"one": 2 * 40, "split": 2 * 90}
+
+
+def random_attention_inputs(L, window, dtype=torch.float64, B=2, H=3, D=16, n=12, c=8, pos=83, scale=3.0, seed=0):
+    """q (B, H, L, D), k, v (B, H, n*c, D), v in chunks (n, B, H, c, D), and key_masks' rows
+    for the token at pos (the rows past it masked; row 0 windowed for Orthros's base twin)."""
+    gen = torch.Generator().manual_seed(seed)
+    S = n * c
+    q = scale * torch.randn(B, H, L, D, generator=gen, dtype=torch.float64)
+    k = scale * torch.randn(B, H, S, D, generator=gen, dtype=torch.float64)
+    v = torch.randn(B, H, S, D, generator=gen, dtype=torch.float64)
+    mask = key_masks(torch.tensor([pos]), S, window)[:L]
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    return q, k, v, v.unflatten(2, (n, c)).permute(2, 0, 1, 3, 4).contiguous(), mask
+
+
+@pytest.mark.parametrize("L, window", [(2, 5), (1, None), (1, 5), (2, None)])
+def test_split_k_attention_equals_plain_attention(L, window):
+    """split_k_attention (and chunked_attention) on random float64 inputs, against attend() and
+    the softmax written out: both twins (L=2, row 0 windowed) or one row, masked tail rows (pos
+    83 of 96), chunks of 8 with nothing in the window (maxima -inf), scores large enough (scale 3)
+    that chunk maxima differ by tens: equal within 1e-12."""
+    q, k, v, v_chunks, mask = random_attention_inputs(L, window)
+    ref = attend(q, k, v, mask)
+    scores = q @ k.transpose(-1, -2) / 4.0 + mask                         # D = 16
+    written_out = torch.softmax(scores, -1) @ v
+    torch.testing.assert_close(ref, written_out, rtol=0, atol=1e-12)
+    for fn in (split_k_attention, chunked_attention):
+        torch.testing.assert_close(fn(q, k, v_chunks, mask), ref, rtol=0, atol=1e-12)
+    if window:
+        assert (mask[0].view(12, 8) == 0).any(-1).sum() <= 2   # most chunks lie outside row 0's window
+
+
+@pytest.mark.parametrize("L, window", [(2, 5), (1, None)])
+def test_split_k_attention_bf16_is_as_close_as_plain(L, window):
+    """In bf16 (the CPU path upcasts where cuBLAS would accumulate in float32), split-K is as close
+    to the float64 result of the same rounded inputs as the plain attention is (rel. ~1e-3)."""
+    q, k, v, v_chunks, mask = random_attention_inputs(L, window, dtype=torch.bfloat16, n=32, c=16, pos=500, scale=1.0)
+    ref = attend(q.double(), k.double(), v.double(), mask)
+    rel = lambda out: ((out.double() - ref).norm() / ref.norm()).item()
+    plain, split = rel(attend(q, k, v, mask)), rel(split_k_attention(q, k, v_chunks, mask))
+    assert split < 1e-2 and split <= 1.5 * plain + 1e-3, (split, plain)
+
+
+def test_compiled_layers_compile_once_per_kind_not_per_step():
+    """FastDecoder(compile=...) over the three models in one process, each at batch 1, 3 and 2 and
+    three cache sizes, across ~10 buckets and split_k_from: one graph per model kind x batch kind
+    (1 or more) x softmax path, each compiled at its first step; never per step, bucket, model
+    instance or cache size (a counting backend sees every graph torch.compile builds)."""
+    torch._dynamo.reset()
+    graphs, where = [], [None]
+
+    def backend(gm, example_inputs):
+        graphs.append(where[0])
+        return gm.forward
+
+    expected = []
+    for attn in ATTN_TYPES:
+        for B, max_len in ((1, 80), (3, 90), (2, 70)):
+            model = make_model(attn, conv_kernel=3 if attn == "orthros" else 0)
+            fast = FastDecoder(model, batch_size=B, max_len=max_len, chunk=4, split_k_from=64, compile={"backend": backend})
+            logits, state = fast.prefill(torch.randint(0, VOCAB, (B, 40)))
+            while state.length < max_len:
+                where[0] = (attn, B, state.length)
+                logits, state = fast.decode(logits[:, -1].argmax(-1), state)
+            if B != 2:  # the first step (44 keys), and the first that reads 64 (split-K; SWA never)
+                expected += [(attn, B, 40)] + ([(attn, B, 60)] if attn != "swa" else [])
+    assert graphs == expected
 
 
 def test_bucket_len_rounds_up_by_little():
@@ -156,9 +288,11 @@ def test_cuda_graph_decoder_gives_the_naive_greedy_tokens(trained_tiny, compile)
     """bf16 on the GPU with CUDA graphs (and compiled layers), trained tiny Orthros, batch 4:
     200 greedy tokens equal the naive decoder's up to the first bf16 near-tie (top two logits
     within 4 rounding steps: there either choice is right); fed the naive tokens, the fast
-    decoder picks the same token wherever there is no near-tie, with logits within 3%."""
+    decoder picks the same token wherever there is no near-tie, with logits within 3%.
+    The buckets (128, 192 keys: one softmax per row; 256, 320: split-K) each have their graph."""
     model, idx = trained_tiny
-    fast = FastDecoder(model, batch_size=4, max_len=300, compile=compile, chunk=64)  # buckets 128, 192, 256, 300
+    fast = FastDecoder(model, batch_size=4, max_len=300, compile=compile, chunk=64, split_k_from=256)
+    assert fast.cache.rows == 320
     tokens, logits = greedy(model, idx, 200)
     fast_tokens, _ = greedy(fast, idx, 200)
     for row in range(4):
@@ -176,6 +310,37 @@ def test_cuda_graph_decoder_gives_the_naive_greedy_tokens(trained_tiny, compile)
     assert torch.equal(forced.argmax(-1)[clear], tokens[clear])
     rel = ((forced.float() - logits[:, :200].float()).norm() / logits[:, :200].float().norm()).item()
     assert rel < 0.03, rel
+    assert sorted(fast.graphs) == [128, 192, 256, 320] and fast.uses_split_k(256) and not fast.uses_split_k(192)
+
+
+@cuda
+@pytest.mark.parametrize("L, window", [(2, 128), (1, None)])
+def test_cuda_split_k_attention_at_128k_keys(L, window):
+    """bf16 on the GPU at the bench's long context: B=1, 6 heads of 128, 131,072 keys in chunks of
+    256 (pos 131,000: the last rows masked), Orthros's two twins or the Transformer's one row:
+    split-K is as close to float64 as the one-softmax path (relative error ~1e-3), and both are
+    well within 1e-2. Also inside a captured CUDA graph: the same numbers on replay."""
+    torch.manual_seed(0)
+    S, c, pos = 131072, 256, 131000
+    q = torch.randn(1, 6, L, 128, device="cuda").bfloat16()
+    k = torch.randn(1, 6, S, 128, device="cuda").bfloat16()
+    v = torch.randn(1, 6, S, 128, device="cuda").bfloat16()
+    v_chunks = v.unflatten(2, (S // c, c)).permute(2, 0, 1, 3, 4).contiguous()
+    mask = key_masks(torch.tensor([pos], device="cuda"), S, window)[:L]
+    ref = attend(q.double(), k.double(), v.double(), mask.double())
+    rel = lambda out: ((out.double() - ref).norm() / ref.norm()).item()
+    split, one = split_k_attention(q, k, v_chunks, mask), chunked_attention(q, k, v_chunks, mask)
+    assert rel(split) < 1e-2 and rel(one) < 1e-2 and rel(split) <= 1.5 * rel(one) + 1e-3, (rel(split), rel(one))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        split_k_attention(q, k, v_chunks, mask)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = split_k_attention(q, k, v_chunks, mask)
+    graph.replay()
+    torch.testing.assert_close(captured, split, rtol=0, atol=0)
 
 
 # -----------------------------------------------------------------------------
@@ -193,17 +358,39 @@ def test_decode_bytes_counts_the_prefix_once_and_swa_its_window():
     assert decode_bytes(cfg["swa"], 1000, 3, 5) == 1000 * 2 + 3 * 5 * kv_per_key
 
 
-def test_bench_decode_section_runs_both_decoders(tmp_path):
-    """python bench.py --sections decode (tiny, CPU): a median record for every model and decoder,
-    with tokens/s, the HBM fraction, and the run's metadata in the JSON."""
+def test_bench_decode_section_runs_every_variant(tmp_path):
+    """python bench.py --sections decode (tiny, CPU): a median record for every model and variant
+    (naive and fast; the fast decoder once per distinct split_k_from: split-K and one softmax,
+    SWA's once), with tokens/s, the HBM fraction, no compiling in the timed steps, how the prompt
+    cache was made, and the run's metadata in the JSON."""
     import json
     from perf import bench
     out = tmp_path / "bench.json"
     bench.main(["--tiny", "--device", "cpu", "--sections", "decode", "--decode_ctx", "24", "--decode_batches", "2",
-                "--decode_reps", "2", "--decode_steps", "3", "--out_json", str(out), "--out_png", "", "--out_decode_png", ""])
+                "--decode_reps", "2", "--decode_steps", "3", "--decode_cache", "random", "--out", str(out),
+                "--out_decode_png", ""])
     saved = json.loads(out.read_text())
-    assert {(r["attn"], r["decoder"]) for r in saved["decode"]} == {(a, d) for a in bench.MODELS for d in bench.DECODERS}
+    assert {(r["attn"], r["variant"]) for r in saved["decode"]} == \
+        {(a, v) for a in bench.MODELS for v in ("naive", "fast split_k_from=128", "fast split_k_from=none")} - \
+        {("swa", "fast split_k_from=none")}
     for r in saved["decode"]:
-        assert r["status"] == "ok" and len(r["runs_tokens_per_s"]) == 2
+        assert r["status"] == "ok" and len(r["runs_tokens_per_s"]) == 2 and r["compiles_timed"] == 0
         assert r["tokens_per_s"] > 0 and r["hbm_fraction"] > 0
+        if r["decoder"] == "fast":
+            assert r["split_k"] == (r["split_k_from"] == 128 and r["attn"] != "swa") and r["keys_read"] == [256]
+    assert saved["decode_meta"]["decode_cache"].startswith("random") and not saved["decode_meta"]["skipped"]
     assert {"device", "torch", "git_commit", "git_clean", "date_utc"} <= set(saved["meta"])
+
+
+def test_bench_decode_time_budget_keeps_the_first_round(tmp_path):
+    """A --time_budget that has run out by the end of the first round: every setting keeps its
+    first round (which always runs whole), the later ones are listed as skipped."""
+    import json
+    from perf import bench
+    out = tmp_path / "bench.json"
+    bench.main(["--tiny", "--device", "cpu", "--sections", "decode", "--decode_ctx", "24", "--decode_batches", "1,2",
+                "--decode_reps", "3", "--decode_steps", "2", "--decode_variants", "fast", "--time_budget", "1e-3",
+                "--out", str(out), "--out_decode_png", ""])
+    saved = json.loads(out.read_text())
+    assert saved["decode"] and all(r["runs"] == 1 for r in saved["decode"])
+    assert len(saved["decode_meta"]["skipped"]) == 2 * 2   # rounds 2 and 3 of both settings
