@@ -7,10 +7,14 @@ Sections (pick with --sections):
            Prompts longer than --long_T run --long_reps times after --long_warmup warm-up calls (a
            Transformer prefill of 1M tokens takes ~40 s); a length that does not fit in memory is
            recorded as OOM, and longer ones are skipped for that model only
-  decode   tokens/s of both decoders, the naive KV cache (model.decode) and engine.FastDecoder
-           (static cache, CUDA graphs), after a prompt of each --decode_ctx, at each --decode_batches;
-           the three models interleaved, --decode_reps runs each, median; with the fraction of the
-           HBM-bandwidth limit the step reaches (hbm_fraction)
+  decode   tokens/s of both decoders, the naive KV cache (model.decode) and engine.FastDecoder (static
+           cache, CUDA graphs), each with eager and compiled layers (--decode_variants), the fast one
+           built as sample.py builds it (max_len = prompt + new tokens) and once per distinct
+           --split_k_from; after a prompt of each --decode_ctx, at each --decode_batches. A round
+           makes one prompt cache per model and setting (--decode_cache: a prefill, or random keys
+           and values) and times every variant from it; --decode_reps rounds, interleaved, median;
+           with ms/step, the fraction of the HBM-bandwidth limit (hbm_fraction) and the number of
+           graphs compiled during the timed steps (0: no recompiling per step)
   train    forward + backward + AdamW step at --train_T: ms, tokens/s and MFU
 Every measurement also records the peak GPU memory. Results are printed as they come, and the
 JSON file is rewritten after every measurement, so a run cut short by a timeout keeps its figures.
@@ -19,11 +23,17 @@ JSON file is rewritten after every measurement, so a run cut short by a timeout 
     python perf/bench.py --tiny --device cpu       # a CPU smoke run of every line, < 1 minute
     python perf/bench.py --sections prefill --prefill_lens 8192,32768
 
-Runtime on one H200 with --compile (estimated from the measurements in results/h200/; each section
-fits one 10-minute call, all three together do not): prefill ~5 min (T <= 256K ~1 min; the
-Transformer at 512K, 1M, 2M ~10 s, ~40 s, ~160 s, one call each), decode ~3-4 min (3 runs x 3 models
-x 2 decoders x 6 (ctx, batch): ~40 s a round, mostly the Transformer's prefills at 128K x 8, plus
-compilation), train ~1 min.
+Runtime on one H200 (estimated from the measurements in results/h200/; each section fits one 10-minute
+call, all three together do not): prefill with --compile ~5 min (T <= 256K ~1 min; the Transformer at
+512K, 1M, 2M ~10 s, ~40 s, ~160 s, one call each); decode, not yet measured in this form: ~30-60 s a
+round (the naive decoder at 128K x 8 and, with --decode_cache prefill, the Transformer's prefills of
+128K x 8, ~5 s each, are most of it), plus compiling in the first round (10 graphs for the fast
+decoder's layers, ~10 more for compile_blocks); --time_budget caps the later rounds; train ~1 min.
+The decode matrix in about 3-4 minutes, its recompile log beside it:
+
+    TORCH_LOGS=recompiles python perf/bench.py --sections decode --decode_cache random --decode_steps 40 \
+        --decode_variants naive,fast,fast+compile --split_k_from 16384,none --time_budget 210 \
+        --out out/bench_decode.json 2> out/recompiles.log
 """
 
 import argparse
