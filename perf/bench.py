@@ -472,8 +472,8 @@ def bench_decode(args, device, results, save):
                 continue
             t0 = time.time()
             line = []
+            free_memory(device)
             for attn in MODELS:
-                free_memory(device)
                 try:
                     prompt = prompt_cache(args, models[attn], ctx, B, device)
                 except Exception as e:  # e.g. OOM: every variant of this model fails alike
@@ -490,6 +490,8 @@ def bench_decode(args, device, results, save):
             round_s[ctx, B] = min(round_s.get((ctx, B), float("inf")), time.time() - t0)
             print(f"decode round {rnd + 1} ctx={ctx:>6} B={B} ({time.time() - t0:.1f} s), tok/s: " + "; ".join(line), flush=True)
             summarize()
+        if args.out_decode_png and results["decode"]:  # a run cut short still leaves a plot
+            save_decode_plot(results, args.out_decode_png)
     summarize()
     print(f"-- decode: {time.time() - t_start:.0f} s", flush=True)
     models = twins = None

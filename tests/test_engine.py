@@ -394,3 +394,17 @@ def test_bench_decode_time_budget_keeps_the_first_round(tmp_path):
     saved = json.loads(out.read_text())
     assert saved["decode"] and all(r["runs"] == 1 for r in saved["decode"])
     assert len(saved["decode_meta"]["skipped"]) == 2 * 2   # rounds 2 and 3 of both settings
+
+
+def test_bench_tiny_cpu_smoke_runs_every_section(tmp_path):
+    """python perf/bench.py --tiny --device cpu, cut to one length, round and step: every section
+    (prefill, decode, train) records its figures without an error."""
+    import json
+    from perf import bench
+    out = tmp_path / "bench.json"
+    bench.main(["--tiny", "--device", "cpu", "--prefill_lens", "256", "--reps", "1", "--warmup", "0", "--decode_ctx", "24",
+                "--decode_batches", "1", "--decode_reps", "1", "--decode_steps", "2", "--train_T", "64", "--out", str(out),
+                "--out_png", "", "--out_decode_png", ""])
+    saved = json.loads(out.read_text())
+    for section in ("prefill", "decode", "train"):
+        assert saved[section] and all(r["status"] == "ok" for r in saved[section]), section
