@@ -199,15 +199,18 @@ def decode_layer(block, z, cache, q_affine, pos, rope, masks, window, split):
 
 class StaticKVCache:
     """The fast decoder's cache for B sequences, allocated once for max_len positions, in
-    rows = bucket_len(max_len, chunk) rows (a whole number of chunks, every bucket fits).
+    rows = bucket_len(max_len, chunk) + chunk rows: a whole number of chunks, every bucket fits,
+    and one spare chunk that no step reads.
     Per layer l: k[l] (B, n_head, rows, head_dim), keys after RoPE; v[l] (rows / chunk, B,
     n_head, chunk, head_dim), values, chunk-major (see chunked_values); conv[l]
     (B, conv_kernel - 1, n_embd) or None. Rows >= length hold zeros or stale values: they are
-    masked out (and must stay finite: they are multiplied by a weight of 0)."""
+    masked out (and must stay finite: they are multiplied by a weight of 0).
+    NOTE: the spare chunk keeps every bucket shorter than the cache: with torch.compile, a
+    bucket that is the whole cache (its keys then densely packed) compiles a graph of its own."""
 
     def __init__(self, config, batch_size, max_len, device, dtype, chunk=256):
         H, D, n = config.n_head, config.n_embd // config.n_head, config.n_layer
-        rows = bucket_len(max_len, chunk)
+        rows = bucket_len(max_len, chunk) + chunk
         zeros = lambda *shape: torch.zeros(*shape, device=device, dtype=dtype)
         with torch.inference_mode(False):  # normal tensors: writable in and out of inference mode
             self.k = [zeros(batch_size, H, rows, D) for _ in range(n)]
@@ -251,7 +254,7 @@ class FastDecoder:
         self.orthros = cfg.attn == "orthros"
         self.window = None if cfg.attn == "transformer" else cfg.window
         self.gather_window = cfg.attn == "swa"  # read the window by its rows (else: the masked bucket)
-        # NOTE: the cache is rows = bucket_len(max_len) long, not max_len, so that every step reads
+        # NOTE: the cache is bucket_len(max_len) (+ a spare chunk) long, not max_len, so that every step reads
         # a whole bucket, a multiple of chunk (256) keys. A step clamped to an odd count (say
         # max_len = 4,151) sends the matmuls over the keys down a slow cuBLAS path on an H200,
         # 2-13x slower than at a multiple of 256 (Orthros's (B*H, 2, D) x (D, n_keys) worst).
@@ -338,7 +341,7 @@ class FastDecoder:
         self.token.copy_(next_idx.reshape(-1, 1))
         self.pos.fill_(cache.length)
         n_keys = bucket_len(cache.length + 1, self.chunk)   # never clamped: the cache holds whole buckets
-        assert n_keys <= cache.rows and n_keys % self.chunk == 0
+        assert n_keys < cache.rows and n_keys % self.chunk == 0
         if self.cuda_graphs:
             graph, logits = self._graph(n_keys)
             graph.replay()

@@ -84,9 +84,10 @@ def test_fast_decoder_matches_naive_in_inference_mode():
 
 
 def test_fast_decoder_reads_whole_buckets_of_an_aligned_cache(monkeypatch):
-    """With an odd max_len (301, chunk 8) the cache is allocated in whole buckets (304 rows), and
-    every step's attention reads a whole bucket, a multiple of the chunk, never a count clamped
-    to max_len: over ~37 buckets, up to the last step, whose bucket (304) is past max_len."""
+    """With an odd max_len (301, chunk 8) the cache is allocated in whole buckets (304 rows, plus
+    a spare chunk), and every step's attention reads a whole bucket, a multiple of the chunk,
+    never a count clamped to max_len: over ~37 buckets, up to the last step, whose bucket (304)
+    is past max_len."""
     read = []
     real = engine.decode_attention
 
@@ -98,15 +99,15 @@ def test_fast_decoder_reads_whole_buckets_of_an_aligned_cache(monkeypatch):
     model = make_model()
     fast = FastDecoder(model, batch_size=2, max_len=301, chunk=8)
     cache = fast.cache
-    assert cache.rows == 304 == bucket_len(301, 8)
-    assert all(k.size(2) == 304 for k in cache.k) and all(v.size(0) * v.size(3) == 304 for v in cache.v)
+    assert cache.rows == 304 + 8 and bucket_len(301, 8) == 304
+    assert all(k.size(2) == 312 for k in cache.k) and all(v.shape[0] * v.shape[3] == 312 for v in cache.v)
     logits, state = fast.prefill(torch.randint(0, VOCAB, (2, 5)))
     seen = []
     while state.length < 301:
         length = state.length
         logits, state = fast.decode(logits[:, -1].argmax(-1), state)
         n = fast.last_n_keys
-        assert n % 8 == 0 and length < n <= cache.rows and n == bucket_len(length + 1, 8)
+        assert n % 8 == 0 and length < n <= 304 and n == bucket_len(length + 1, 8)
         assert read[-model.config.n_layer:] == [n] * model.config.n_layer
         seen.append(n)
     assert len(set(seen)) >= 30 and seen[-1] == 304
@@ -114,11 +115,11 @@ def test_fast_decoder_reads_whole_buckets_of_an_aligned_cache(monkeypatch):
 
 def test_fast_decoder_at_the_issues_odd_length():
     """max_len = 4,151 (prompt + new tokens, as sample.py and bench.py build it): the cache holds
-    4,352 rows (17 x 256) and the steps read 4,096 and then 4,352 keys, not 4,151; the same
-    logits as the naive decoder."""
+    4,352 rows (17 x 256, plus a spare chunk) and the steps read 4,096 and then 4,352 keys, not
+    4,151; the same logits as the naive decoder."""
     model = make_model(max_seq_len=4200)
     fast = FastDecoder(model, batch_size=1, max_len=4151)
-    assert fast.cache.rows == 4352
+    assert fast.cache.rows == 4352 + 256
     idx = torch.randint(0, VOCAB, (1, 4094), generator=torch.Generator().manual_seed(3))
     tokens, logits = greedy(model, idx, 5)
     fast_tokens, fast_logits = greedy(fast, idx, 5)
@@ -292,7 +293,7 @@ def test_cuda_graph_decoder_gives_the_naive_greedy_tokens(trained_tiny, compile)
     The buckets (128, 192 keys: one softmax per row; 256, 320: split-K) each have their graph."""
     model, idx = trained_tiny
     fast = FastDecoder(model, batch_size=4, max_len=300, compile=compile, chunk=64, split_k_from=256)
-    assert fast.cache.rows == 320
+    assert fast.cache.rows == 320 + 64
     tokens, logits = greedy(model, idx, 200)
     fast_tokens, _ = greedy(fast, idx, 200)
     for row in range(4):
