@@ -5,8 +5,8 @@ orthros.py (Orthros.prefill / Orthros.decode), with a preallocated cache and a c
 The naive decoder grows its cache by concatenation (every step copies the whole cache) and
 launches a few hundred small kernels per token from Python. FastDecoder instead:
   - keeps, per layer, K (B, H, rows, D) and V in chunks (rows / chunk, B, H, chunk, D) (and the
-    conv state, if any), allocated once, rows = max_len rounded up to a whole bucket, and written
-    in place: the new token's K, V go to row `pos`, a device tensor;
+    conv state, if any), allocated once, rows = max_len rounded up to a whole bucket (plus a
+    spare chunk), and written in place: the new token's K, V go to row `pos`, a device tensor;
   - reads only the valid prefix of the cache, rounded up to a bucket (bucket_len, always a whole
     number of chunks), and masks the rows past it: within a bucket a step's shapes, and so its
     captured graph, stay fixed;
@@ -20,8 +20,8 @@ launches a few hundred small kernels per token from Python. FastDecoder instead:
     B * H * 2 rows of 131,072 keys leave most of an H200 idle);
   - on CUDA, replays the step as a CUDA graph per bucket (compile=True: each layer is fused by
     torch.compile first). On CPU the same code runs eagerly; the tests compare it there.
-results/h200/probe_decode_NOTE.md compares this attention with one SDPA call per twin (3-16x
-slower on an H200: SDPA's masked single-query kernel does not split the keys across the GPU).
+results/README.md (Decode) compares this attention with one SDPA call per twin (3-16x slower on
+an H200: SDPA's masked single-query kernel does not split the keys across the GPU).
 
     decoder = FastDecoder(model, batch_size=B, max_len=T + max_new_tokens)
     logits, cache = decoder.prefill(idx)              # like model.prefill(idx)
@@ -254,10 +254,10 @@ class FastDecoder:
         self.orthros = cfg.attn == "orthros"
         self.window = None if cfg.attn == "transformer" else cfg.window
         self.gather_window = cfg.attn == "swa"  # read the window by its rows (else: the masked bucket)
-        # NOTE: the cache is bucket_len(max_len) (+ a spare chunk) long, not max_len, so that every step reads
-        # a whole bucket, a multiple of chunk (256) keys. A step clamped to an odd count (say
-        # max_len = 4,151) sends the matmuls over the keys down a slow cuBLAS path on an H200,
-        # 2-13x slower than at a multiple of 256 (Orthros's (B*H, 2, D) x (D, n_keys) worst).
+        # NOTE: the cache is bucket_len(max_len) rows long (+ a spare chunk), not max_len, so that
+        # every step reads a whole bucket, a multiple of chunk (256) keys. A step clamped to an odd
+        # count (say max_len = 4,151) sends the matmuls over the keys down a slow cuBLAS path on an
+        # H200, 2-13x slower than at a multiple of 256 (Orthros's (B*H, 2, D) x (D, n_keys) worst).
         self.cache = StaticKVCache(cfg, batch_size, max_len, device, dtype, chunk)
         self.compiled = bool(compile)
         if compile:
