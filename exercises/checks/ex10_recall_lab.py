@@ -142,7 +142,7 @@ def swa_claim(summary_and_path, chance):
     if summary["attn"] != "swa":
         return f"{path} holds an {summary['attn']!r} run, not 'swa'"
     if summary["inside"] < 0.6:
-        return f"SWA answers only {summary['inside']:.2f} inside its window: it did not learn the task. {schedule(path)}"
+        return f"SWA answers only {summary['inside']:.2f} inside its window: it did not learn the task. {schedule(path, summary['attn'])}"
     if summary["beyond"] > 0.3:
         return (f"SWA answers {summary['beyond']:.2f} beyond n_layer * window (chance is {chance:.2f}): it should "
                 "not reach that far. Is this run's window the recall_tiny one?")
@@ -154,14 +154,19 @@ def orthros_claim(summary_and_path):
     if summary["attn"] != "orthros":
         return f"{path} holds an {summary['attn']!r} run, not 'orthros'"
     if summary["beyond"] < 0.6:
-        return f"Orthros answers only {summary['beyond']:.2f} beyond n_layer * window. {schedule(path)}"
+        return f"Orthros answers only {summary['beyond']:.2f} beyond n_layer * window. {schedule(path, summary['attn'])}"
     return None
 
 
-def schedule(path):
+def schedule(path, attn):
     ckpt = load_checkpoint(path / "ckpt_last.pt")
-    return (f"Its checkpoint is at step {ckpt['step']} of max_iters {ckpt['train_config']['max_iters']}: train "
-            "with the recall_tiny config's full 2400-step schedule (shorter ones did not learn recall in our tries).")
+    step, max_iters = ckpt["step"], ckpt["train_config"]["max_iters"]
+    if max_iters < 2400 or step < max_iters:
+        return (f"Its checkpoint is at step {step} of max_iters {max_iters}: train with the recall_tiny config's "
+                "full 2400-step schedule (shorter ones did not learn recall in our tries).")
+    return (f"It trained the full schedule ({step} steps): read its log ({path / 'log.jsonl'}) for the loss, and "
+            f"train it again (python train.py --config recall_tiny --attn {attn} --out_dir {path} --overwrite true, "
+            "with another --seed if the loss stalled).")
 
 
 def after_pass(answer, runs=None, **options):
