@@ -579,7 +579,7 @@ def print_tables(results, sections=("prefill", "decode", "train")):
               f"split_k_from: the fast decoder's, default {SPLIT_K_FROM}; split = the timed steps used split-K")
         rows = {(r["attn"], r["variant"], r["ctx"], r["batch"]): r for r in results["decode"]}
         variants = list(dict.fromkeys(r["variant"] for r in results["decode"]))
-        width = max(len(v) for v in variants)
+        width = max(len(v) for v in variants + ["variant"])
         print(f"{'ctx':>7} {'batch':>5} {'variant':<{width}} {'split':>5} | " + " | ".join(f"{a:>24}" for a in MODELS)
               + f" | {'orthros/transformer':>19} | peak GB")
         for ctx, B in sorted(dict.fromkeys((r["ctx"], r["batch"]) for r in results["decode"])):
