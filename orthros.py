@@ -234,10 +234,12 @@ class Orthros(nn.Module):
         self.ln_f = nn.RMSNorm(config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied embeddings
-        for name, p in self.named_parameters():  # GPT-2's init, residual projections scaled down
-            if p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * config.n_layer) if name.endswith("c_proj.weight") else 0.02
-                nn.init.normal_(p, mean=0.0, std=std)
+        for module in self.modules():  # GPT-2's init (the tied embedding is drawn twice, as in nanoGPT)
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        for name, p in self.named_parameters():  # then the residual projections, scaled down
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def forward(self, idx, targets=None, t_out=None, cache=None):
         """idx: (B, T) token ids; the last t_out positions are output positions (None = T).
@@ -245,8 +247,7 @@ class Orthros(nn.Module):
         positions). cache: the KVCache that idx continues (prefill, decode). Returns the logits
         (B, t_out, vocab) and the mean cross-entropy over the non-ignored targets (or None)."""
         T, t_out = _check_inputs(self, idx, targets, t_out, cache)
-        start = cache.length if cache is not None else 0
-        positions = torch.arange(start, start + T, device=idx.device)
+        positions = torch.arange(T, device=idx.device) + (cache.length if cache is not None else 0)
         z = x = self.drop(self.wte(idx))                    # (B, T, C); the baselines have one stream
         if self.config.attn == "orthros":
             z = torch.cat([x, x[:, T - t_out:]], dim=1)     # Alg. 2, line 2: (B, T + t_out, C)
@@ -267,8 +268,7 @@ class Orthros(nn.Module):
 
     @torch.no_grad()
     def prefill(self, idx):
-        """Run the prompt idx: (B, T). Returns the logits (B, 1, vocab) that predict token T, and
-        a KVCache with the keys and values of all T positions."""
+        """The prompt idx: (B, T) -> the logits (B, 1, vocab) for token T, and the KVCache of all T positions."""
         cache = KVCache(self, idx.size(0))
         return self(idx, t_out=1, cache=cache)[0], cache
 
