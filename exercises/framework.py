@@ -37,8 +37,9 @@ Writing a case (see exercises/checks/ for many):
          invariant="query t sees min(t + 1, w) keys",
          expected=None,       # or (**inputs) -> the truth, when it is not the reference's output
          atol=0.0,            # exact; 1e-12 for float64 against a different summation order
-         device=None,         # "meta": paper-size shapes at no cost (values are not compared);
-                              #   "cuda": skipped on a machine without one
+         device=None,         # "meta": paper-size shapes at no memory (values are not compared; the
+                              #   first elementwise op on meta imports torch._dynamo, ~1.7 s once per
+                              #   process on 2 CPU cores: put such cases last); "cuda": skipped without one
          dtype=None)          # e.g. torch.float32: floating inputs (tensors, modules) converted
   A call may use what the answer returns (pass its cache to the next step, run the model it
   built): each return is checked in form first; wrap further use in `with using("your model(idx)")`

@@ -74,7 +74,7 @@ MUTANTS = [
     Mutant("the reference imported", source="from orthros import in_window, attention_mask\n",
            expect="holds orthros.in_window"),
     Mutant("the device argument ignored", variant(REFERENCE, attention_mask=mask_ignoring_device),
-           expect="is on cpu, expected meta"),
+           expect="your mask is on meta, expected cpu"),
 ]
 
 WINDOW = "query t sees exactly keys t-w+1 ... t (eq. 4), every key <= t without a window (eq. 5)"
@@ -112,14 +112,23 @@ def cases(**options):
             invariant="every window path of orthros.py (dense mask, blocked band mask) asks the one predicate, so "
                       "the logits follow it: the right predicate gives the model's own logits",
             atol=1e-12, output="the model's logits"))
-    for n_q, n_k, window in ((3, 5, 2), (1, 4096, 128)):
-        found.append(Case(
-            f"attention_mask(n_q={n_q}, n_k={n_k}, window={window}, device='meta')",
-            inputs=lambda n_q=n_q, n_k=n_k, window=window: dict(n_q=n_q, n_k=n_k, window=window, device="meta"),
-            call=lambda answer, n_q, n_k, window, device: answer.attention_mask(n_q, n_k, window, device),
-            invariant="the mask is built on the device it is asked for (meta: shapes only, no memory)",
-            device="meta"))
+    found.append(Case(
+        "attention_mask(n_q=1, n_k=4096, window=128): a decoded token at position 4095, the paper's window",
+        inputs=lambda: dict(n_q=1, n_k=4096, window=128),
+        call=lambda answer, n_q, n_k, window: answer.attention_mask(n_q, n_k, window),
+        invariant=f"the last query sees the last w keys: {WINDOW}"))
+    found.append(Case(
+        "attention_mask(n_q=3, n_k=5, window=2, device='cpu'), called while the default device is 'meta' "
+        "(inside `with torch.device('meta'):`)",
+        inputs=lambda: dict(n_q=3, n_k=5, window=2, device="cpu"),
+        call=mask_with_meta_default,
+        invariant="the mask is built on the device it is asked for, whatever the default device"))
     return found
+
+
+def mask_with_meta_default(answer, n_q, n_k, window, device):
+    with torch.device("meta"):   # a mask built without `device` lands on meta: shapes, no values
+        return answer.attention_mask(n_q, n_k, window, device)
 
 
 def patched_logits(answer, model, idx, t_out):

@@ -117,9 +117,9 @@ def cases(runs=None, **options):
         found.append(Case(f"what the {attn} run shows (your recall_summary of {run_dir(runs, attn)})",
                           inputs=lambda attn=attn: dict(run_dir=str(trained_run(runs, attn))),
                           call=lambda answer, run_dir: (answer.recall_summary(run_dir), Path(run_dir)),
-                          invariant="SWA answers inside its window and is near chance (1/26) beyond n_layer * "
-                                    "window; Orthros answers beyond it too (at least 0.6, as tests/test_train.py "
-                                    "asserts)", holds=claim, output="your summary and the run"))
+                          invariant="SWA is near chance (1/26) beyond n_layer * window (at most 0.3); Orthros "
+                                    "answers there (at least 0.6), as tests/test_train.py asserts",
+                          holds=claim, output="your summary and the run"))
     return found
 
 
@@ -141,8 +141,6 @@ def swa_claim(summary_and_path, chance):
     summary, path = summary_and_path
     if summary["attn"] != "swa":
         return f"{path} holds an {summary['attn']!r} run, not 'swa'"
-    if summary["inside"] < 0.6:
-        return f"SWA answers only {summary['inside']:.2f} inside its window: it did not learn the task. {schedule(path, summary['attn'])}"
     if summary["beyond"] > 0.3:
         return (f"SWA answers {summary['beyond']:.2f} beyond n_layer * window (chance is {chance:.2f}): it should "
                 "not reach that far. Is this run's window the recall_tiny one?")
@@ -179,4 +177,7 @@ def after_pass(answer, runs=None, **options):
         lines.append(f"  {attn:>8}: " + "  ".join(f"{b} {r['accuracy']:.2f}" for b, r in scores.items()))
         lines.append(f"  {'':>8}  inside the window (w={summary['window']}): {summary['inside']:.2f};  beyond "
                      f"n_layer * w = {summary['n_layer'] * summary['window']}: {summary['beyond']:.2f}")
+        if summary["inside"] < 0.6:
+            lines.append(f"  {'':>8}  NOTE: this run answers only {summary['inside']:.2f} inside its window, where "
+                         f"the model can reach the key: it learned the task poorly. {schedule(path, attn)}")
     return "\n".join(lines)
