@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script (python perf/bench.py): import from the repository root
 from data.prepare_utils import atomic_write
 from orthros import KVCache, Orthros, OrthrosConfig, compile_blocks
-from perf.engine import SPLIT_K_FROM, FastDecoder, bucket_len
+from perf.engine import SPLIT_K_FROM, WINDOW_ROWS_FROM, FastDecoder, bucket_len
 from sample import pick_device, sync
 
 MODELS = ("transformer", "orthros", "swa")  # the Transformer first: the others' speedups need it
@@ -338,7 +338,8 @@ def decode_run(args, model, variant, prompt, B, device):
     ctx, n_steps = cache.length, args.warmup + args.decode_steps
     fast = None
     if variant.decoder == "fast":
-        fast = FastDecoder(model, B, max_len=ctx + n_steps, compile=variant.compiled, split_k_from=variant.split_k_from)
+        fast = FastDecoder(model, B, max_len=ctx + n_steps, compile=variant.compiled, split_k_from=variant.split_k_from,
+                           window_rows_from=variant.window_rows_from)
     decoder = PromptCache(model, logits, cache, fast)
     idx = torch.zeros(1, 1, dtype=torch.long, device=device).expand(B, ctx)  # the prompt's shape: prefill() ignores it
     graphs = unique_graphs()
@@ -362,6 +363,8 @@ def decode_run(args, model, variant, prompt, B, device):
     if fast is not None:
         split = {fast.uses_split_k(n) for n in keys_read}
         rec["split_k"] = split.pop() if len(split) == 1 else "mixed"
+        rows = {fast.uses_window_rows(n) for n in keys_read}
+        rec["window_rows"] = rows.pop() if len(rows) == 1 else "mixed"
         rec["keys_read"] = sorted(keys_read)
     return rec
 
@@ -369,15 +372,18 @@ def decode_run(args, model, variant, prompt, B, device):
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """A decoder as the decode section runs it: naive or fast, eager or compiled layers, and the
-    fast decoder's split_k_from."""
+    fast decoder's split_k_from and window_rows_from."""
     decoder: str
     compiled: bool
     split_k_from: object = None
+    window_rows_from: object = None
 
-    def label(self, default_split=SPLIT_K_FROM):
+    def label(self, default_split=SPLIT_K_FROM, default_rows=WINDOW_ROWS_FROM):
         name = self.decoder + ("+compile" if self.compiled else "")
-        if self.decoder == "fast" and self.split_k_from != default_split:
-            name += f" split_k_from={'none' if self.split_k_from is None else self.split_k_from}"
+        for key, value, default in (("split_k_from", self.split_k_from, default_split),
+                                    ("window_rows_from", self.window_rows_from, default_rows)):
+            if self.decoder == "fast" and value != default:
+                name += f" {key}={'none' if value is None else value}"
         return name
 
 
@@ -393,11 +399,13 @@ def decode_variants(args, attn, ctx):
             continue
         seen = set()
         for split_k_from in args.split_k_from:
-            splits = frozenset(attn != "swa" and split_k_from is not None and bucket_len(n + 1) >= split_k_from
-                               for n in range(ctx, ctx + n_steps))
-            if splits not in seen:
-                seen.add(splits)
-                out.append(Variant(decoder, compiled, split_k_from))
+            for rows_from in args.window_rows_from:
+                how = frozenset((attn != "swa" and split_k_from is not None and bucket_len(n + 1) >= split_k_from,
+                                 attn == "orthros" and rows_from is not None and bucket_len(n + 1) >= rows_from)
+                                for n in range(ctx, ctx + n_steps))
+                if how not in seen:
+                    seen.add(how)
+                    out.append(Variant(decoder, compiled, split_k_from, rows_from))
     return out
 
 
@@ -445,7 +453,7 @@ def bench_decode(args, device, results, save):
                          }[args.decode_cache],
         "fast_decoder": "FastDecoder(model, batch, max_len=ctx + new tokens, compile=..., split_k_from=...), as sample.py "
                         "builds it (sample.py: compile=False, split_k_from default)",
-        "split_k_from_default": SPLIT_K_FROM, "time_budget_s": args.time_budget, "skipped": []}
+        "split_k_from_default": SPLIT_K_FROM, "window_rows_from_default": WINDOW_ROWS_FROM, "time_budget_s": args.time_budget, "skipped": []}
 
     def summarize():
         results["decode"] = []
@@ -453,7 +461,7 @@ def bench_decode(args, device, results, save):
             rec = {"attn": attn, "variant": var.label(), "decoder": var.decoder,
                    "layers": "compiled" if var.compiled else "eager", "ctx": ctx, "batch": B, "steps": args.decode_steps}
             if var.decoder == "fast":
-                rec["split_k_from"] = var.split_k_from
+                rec["split_k_from"], rec["window_rows_from"] = var.split_k_from, var.window_rows_from
             rec.update(summarize_runs(recs))
             if rec.get("ms_per_step"):
                 keys = ctx + args.warmup + (args.decode_steps + 1) / 2  # mean valid prefix of the timed steps
@@ -511,7 +519,7 @@ def summarize_runs(recs):
            "warmup_s": [round(r["warmup_s"], 3) for r in ok],
            "compiles_warmup": sum(r["compiles_warmup"] for r in ok),
            "compiles_timed": sum(r["compiles_timed"] for r in ok)}
-    for key in ("split_k", "keys_read"):
+    for key in ("split_k", "window_rows", "keys_read"):
         if key in ok[0]:
             out[key] = ok[0][key]
     if any("peak_mem_gb" in r for r in ok):
@@ -712,6 +720,10 @@ def parse_args(argv=None):
     p.add_argument("--split_k_from", default=str(SPLIT_K_FROM),
                    help="comma-separated split_k_from values for the fast decoder (ints; 'none' = never split); each runs "
                         "as its own variant, except one whose steps would split exactly as an earlier value's do")
+    p.add_argument("--window_rows_from", default=str(WINDOW_ROWS_FROM),
+                   help="comma-separated window_rows_from values for the fast decoder (ints; 'none' = never): from this "
+                        "many keys on, Orthros's base twin reads its window by rows; each runs as its own variant, "
+                        "except one whose steps would do exactly as an earlier value's do")
     p.add_argument("--decode_cache", default="prefill", choices=["prefill", "random"],
                    help="where each round's prompt cache comes from: model.prefill of a random prompt, or random keys "
                         "and values (no prefill: a Transformer prefill of 128K x 8 takes seconds); shared by every "
@@ -746,12 +758,14 @@ def parse_args(argv=None):
     args.decode_variants = [v for v in args.decode_variants.split(",") if v]
     if not args.decode_variants or set(args.decode_variants) - set(DECODE_VARIANTS):
         p.error(f"--decode_variants takes a comma-separated subset of {','.join(DECODE_VARIANTS)}, got {','.join(args.decode_variants)!r}")
-    try:
-        args.split_k_from = [None if s.lower() == "none" else int(s) for s in args.split_k_from.split(",") if s]
-    except ValueError:
-        p.error(f"--split_k_from takes comma-separated ints or 'none', got {args.split_k_from!r}")
-    if not args.split_k_from or any(s is not None and s < 0 for s in args.split_k_from):
-        p.error("--split_k_from needs at least one value, each >= 0 or 'none'")
+    for key in ("split_k_from", "window_rows_from"):
+        try:
+            values = [None if s.lower() == "none" else int(s) for s in getattr(args, key).split(",") if s]
+        except ValueError:
+            p.error(f"--{key} takes comma-separated ints or 'none', got {getattr(args, key)!r}")
+        if not values or any(s is not None and s < 0 for s in values):
+            p.error(f"--{key} needs at least one value, each >= 0 or 'none'")
+        setattr(args, key, values)
     if args.out:
         stem = str(Path(args.out).with_suffix(""))
         explicit = lambda flag: any(a == flag or a.startswith(flag + "=") for a in (argv if argv is not None else sys.argv[1:]))

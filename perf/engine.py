@@ -13,7 +13,9 @@ launches a few hundred small kernels per token from Python. FastDecoder instead:
   - computes both twins' attention in one pass (decode_attention): the queries (B, H, 2, D) of
     the base and the output twin meet every key once (q @ K^T), row 0 (base twin) is masked to
     its window, row 1 (output twin) sees all keys; softmax in float32; then @ V chunk by chunk
-    (one batched matmul over all chunks, the partial sums added up);
+    (one batched matmul over all chunks, the partial sums added up). From window_rows_from keys
+    on, the base twin reads only its w keys, gathered by rows as SWA does, and the output twin
+    alone reads the bucket: fewer kernels below, less memory traffic above;
   - from split_k_from keys on, splits the softmax over the chunks too (flash-decoding,
     split_k_attention): per-chunk maxima, sums and outputs, then one combine; so that a long
     context keeps the whole GPU busy even at batch 1 (a softmax kernel runs one row per block:
@@ -35,6 +37,7 @@ import orthros
 from orthros import apply_rope, causal_depthwise_conv, rope_cos_sin
 
 SPLIT_K_FROM = 16384  # FastDecoder's default: split the softmax over chunks from this many keys on
+WINDOW_ROWS_FROM = 16384  # ... and let Orthros's base twin read its window by rows from this many keys on
 
 
 def bucket_granularity(n, chunk=256):
@@ -150,19 +153,28 @@ def decode_attention(q, k_cache, v_cache, masks, window, split):
     (rows / c, B, H, c, D); masks (2, n, c): key_masks over the n * c rows of the bucket;
     window: (rows, value slots, mask) from window_rows and value_slots, or None;
     split: use split_k_attention (long contexts) rather than one softmax per row.
-    Both twins in one pass over the bucket: q @ K^T reads each key once for both rows, and row 0
-    is masked to its window. Only SWA reads its window by rows (gathered), not the bucket."""
+    Without window, both twins in one pass over the bucket: q @ K^T reads each key once for both
+    rows, and row 0 is masked to its window (fewest kernels: short contexts). With window, the
+    windowed row (SWA's only one, Orthros's base twin) reads just its w keys, gathered by rows,
+    and Orthros's output twin alone reads the bucket: at long context that halves the scores
+    written, softmaxed and read again (two rows of S floats against one), which a memory-bound
+    step pays for in full."""
     B, H, L, D = q.shape
-    if window is not None and L == 1:   # SWA: a lone windowed query needs only w keys
+    if window is not None:   # the windowed row reads only its w keys
         rows, slots, mask = window
         k = k_cache.index_select(2, rows)
         v = v_cache.view(-1, D).index_select(0, slots).view(B, H, -1, D)
-        return attend(q, k, v, mask)
+        y_window = attend(q[:, :, :1], k, v, mask)
+        if L == 1:
+            return y_window
     n, c = masks.size(1), masks.size(2)
     # NOTE: flatten the whole cache, then slice: a slice of (B, H, rows, D) flattened would make
     # torch.compile guard on whether the bucket is the whole cache (one more graph).
-    k, v_chunks, mask = k_cache.flatten(0, 1)[:, :n * c], v_cache[:n], masks[:L].flatten(1)
-    return (split_k_attention if split else chunked_attention)(q, k, v_chunks, mask)
+    k, v_chunks = k_cache.flatten(0, 1)[:, :n * c], v_cache[:n]
+    attention = split_k_attention if split else chunked_attention
+    if window is None:
+        return attention(q, k, v_chunks, masks[:L].flatten(1))
+    return torch.cat([y_window, attention(q[:, :, 1:], k, v_chunks, masks[1:].flatten(1))], dim=2)
 
 
 def decode_layer(block, z, cache, q_affine, pos, rope, masks, window, split):
@@ -230,14 +242,16 @@ class FastDecoder:
     torch.compile options, e.g. {"backend": ...}); dynamic shapes, so a new bucket does not
     recompile. chunk: a power of two, the cache's alignment and split-K's chunk (see
     bucket_len). split_k_from: split the softmax over chunks (split_k_attention) when a step
-    reads at least this many keys; None: never.
+    reads at least this many keys; None: never. window_rows_from: from this many keys on,
+    Orthros's base twin reads its window by rows, apart from the output twin (see
+    decode_attention); None: never (SWA always does).
     After each decode, last_n_keys is the number of cache rows its attention read.
     NOTE: the step reads the weights where they are; the scale-offsets are copied (stacked per
     twin) at each prefill(), so change weights only between generations.
     """
 
     def __init__(self, model, batch_size, max_len=None, cuda_graphs=None, compile=False, chunk=256,
-                 split_k_from=SPLIT_K_FROM):
+                 split_k_from=SPLIT_K_FROM, window_rows_from=WINDOW_ROWS_FROM):
         cfg = model.config
         max_len = cfg.max_seq_len if max_len is None else max_len
         if not 1 <= max_len <= cfg.max_seq_len:
@@ -247,10 +261,11 @@ class FastDecoder:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if chunk < 1 or chunk & (chunk - 1):
             raise ValueError(f"chunk must be a power of two, got {chunk}")
-        if split_k_from is not None and split_k_from < 0:
-            raise ValueError(f"split_k_from must be >= 0 or None (never), got {split_k_from}")
+        for name, value in (("split_k_from", split_k_from), ("window_rows_from", window_rows_from)):
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0 or None (never), got {value}")
         device, dtype = model.wte.weight.device, model.wte.weight.dtype
-        self.model, self.chunk, self.split_k_from = model, chunk, split_k_from
+        self.model, self.chunk, self.split_k_from, self.window_rows_from = model, chunk, split_k_from, window_rows_from
         self.orthros = cfg.attn == "orthros"
         self.window = None if cfg.attn == "transformer" else cfg.window
         self.gather_window = cfg.attn == "swa"  # read the window by its rows (else: the masked bucket)
@@ -333,6 +348,11 @@ class FastDecoder:
         """Whether a step that reads n_keys cache rows splits its softmax over chunks."""
         return self.split_k_from is not None and n_keys >= self.split_k_from and not self.gather_window
 
+    def uses_window_rows(self, n_keys):
+        """Whether a step that reads n_keys cache rows gathers the windowed row's keys by rows."""
+        return self.gather_window or (self.orthros and self.window_rows_from is not None
+                                      and n_keys >= self.window_rows_from)
+
     @torch.no_grad()
     def decode(self, next_idx, cache):
         """Append one token per sequence, next_idx: (B,) or (B, 1), at position cache.length.
@@ -374,7 +394,7 @@ class FastDecoder:
         masks = key_masks(self.pos, n_keys, self.window).view(2, n_keys // self.chunk, self.chunk)
         slots = value_slots(self.pos, B * H, self.chunk).view(-1)       # the new token's value rows
         window = None
-        if self.gather_window:
+        if self.uses_window_rows(n_keys):
             rows, mask = window_rows(self.pos, cfg.window)
             window = (rows, value_slots(rows, B * H, self.chunk).view(-1), mask)
         split = self.uses_split_k(n_keys)

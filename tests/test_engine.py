@@ -26,7 +26,7 @@ def make_model(attn="orthros", conv_kernel=0, dtype=torch.float32, **overrides):
     model = Orthros(OrthrosConfig(**kw)).to(dtype).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.split(".")[-1] in ("alpha", "beta", "alpha_out", "beta_out", "conv"):
+            if name.split(".")[-1] in ("alpha", "beta", "alpha_out", "beta_out") or ".conv." in name:
                 p.add_(0.5 * torch.randn_like(p))
     return model
 
@@ -145,6 +145,24 @@ def test_split_k_decoder_matches_naive_across_the_threshold(attn, conv_kernel, m
         assert calls == {"split": 0, "one": 0}
     else:  # 2 layers; the steps at lengths 20 ... 59 read 24 ... 60 keys, those at 60 ... 149 read 64 ... 152
         assert calls == {"one": 2 * 40, "split": 2 * 90}
+
+
+@pytest.mark.parametrize("conv_kernel", [0, 3])
+@pytest.mark.parametrize("split_k_from", [None, 64])
+def test_orthros_base_twin_reading_its_window_by_rows_matches_naive(conv_kernel, split_k_from, monkeypatch):
+    """float64, batch 3, 130 greedy steps from a prompt of 20 (window 8): both twins in one pass
+    below window_rows_from = 48 keys, from there on the base twin reads its window by rows and the
+    output twin alone reads the bucket (with and without split-K): the naive decoder's tokens,
+    logits within 1e-6."""
+    gathered = {"n": 0}
+    real = engine.window_rows
+    monkeypatch.setattr(engine, "window_rows", lambda *a: gathered.__setitem__("n", gathered["n"] + 1) or real(*a))
+    model = make_model("orthros", conv_kernel, dtype=torch.float64)
+    fast = FastDecoder(model, batch_size=3, max_len=150, chunk=4, split_k_from=split_k_from, window_rows_from=48)
+    idx = torch.randint(0, VOCAB, (3, 20), generator=torch.Generator().manual_seed(5))
+    assert_same_decoding(model, fast, idx, 130)
+    assert gathered["n"] == 106   # the steps at lengths 44 ... 149 read 48 ... 152 keys (one call per step)
+    assert not fast.uses_window_rows(44) and fast.uses_window_rows(48)
 
 
 def random_attention_inputs(L, window, dtype=torch.float64, B=2, H=3, D=16, n=12, c=8, pos=83, scale=3.0, seed=0):
