@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script (python perf/bench.py): import from the repository root
 from data.prepare_utils import atomic_write
 from orthros import KVCache, Orthros, OrthrosConfig, compile_blocks
-from perf.engine import SPLIT_K_FROM, WINDOW_ROWS_FROM, FastDecoder, bucket_len
+from perf.engine import FastDecoder, bucket_len, long_context_paths
 from sample import pick_device, sync
 
 MODELS = ("transformer", "orthros", "swa")  # the Transformer first: the others' speedups need it
@@ -375,19 +375,18 @@ class Variant:
     fast decoder's split_k_from and window_rows_from."""
     decoder: str
     compiled: bool
-    split_k_from: object = None
-    window_rows_from: object = None
+    split_k_from: object = "auto"
+    window_rows_from: object = "auto"
 
-    def label(self, default_split=SPLIT_K_FROM, default_rows=WINDOW_ROWS_FROM):
+    def label(self):
         name = self.decoder + ("+compile" if self.compiled else "")
-        for key, value, default in (("split_k_from", self.split_k_from, default_split),
-                                    ("window_rows_from", self.window_rows_from, default_rows)):
-            if self.decoder == "fast" and value != default:
+        for key, value in (("split_k_from", self.split_k_from), ("window_rows_from", self.window_rows_from)):
+            if self.decoder == "fast" and value != "auto":
                 name += f" {key}={'none' if value is None else value}"
         return name
 
 
-def decode_variants(args, attn, ctx):
+def decode_variants(args, attn, ctx, B):
     """The variants to run for a model at a context: --decode_variants, the fast ones once per
     --split_k_from value, leaving out a value whose steps split exactly as an earlier one's do."""
     n_steps = args.warmup + args.decode_steps
@@ -400,8 +399,9 @@ def decode_variants(args, attn, ctx):
         seen = set()
         for split_k_from in args.split_k_from:
             for rows_from in args.window_rows_from:
-                how = frozenset((attn != "swa" and split_k_from is not None and bucket_len(n + 1) >= split_k_from,
-                                 attn == "orthros" and rows_from is not None and bucket_len(n + 1) >= rows_from)
+                split, rows = long_context_paths(B, split_k_from, rows_from)
+                how = frozenset((attn != "swa" and split is not None and bucket_len(n + 1) >= split,
+                                 attn == "orthros" and rows is not None and bucket_len(n + 1) >= rows)
                                 for n in range(ctx, ctx + n_steps))
                 if how not in seen:
                     seen.add(how)
@@ -453,7 +453,8 @@ def bench_decode(args, device, results, save):
                          }[args.decode_cache],
         "fast_decoder": "FastDecoder(model, batch, max_len=ctx + new tokens, compile=..., split_k_from=...), as sample.py "
                         "builds it (sample.py: compile=False, split_k_from default)",
-        "split_k_from_default": SPLIT_K_FROM, "window_rows_from_default": WINDOW_ROWS_FROM, "time_budget_s": args.time_budget, "skipped": []}
+        "long_context_paths": "auto: split-K at batch 1 from 65536 keys, the base twin's window by rows at batch >= 8 "
+                              "from 65536 keys (perf/engine.long_context_paths)", "time_budget_s": args.time_budget, "skipped": []}
 
     def summarize():
         results["decode"] = []
@@ -486,7 +487,7 @@ def bench_decode(args, device, results, save):
                     prompt = prompt_cache(args, models[attn], ctx, B, device)
                 except Exception as e:  # e.g. OOM: every variant of this model fails alike
                     prompt = e
-                for var in decode_variants(args, attn, ctx):
+                for var in decode_variants(args, attn, ctx, B):
                     model = twins[attn] if var.decoder == "naive" and var.compiled else models[attn]
                     if isinstance(prompt, Exception):
                         rec = {"status": f"prompt cache failed: {type(prompt).__name__}: {prompt}"[:300]}
@@ -584,7 +585,7 @@ def print_tables(results, sections=("prefill", "decode", "train")):
     if "decode" in sections and results["decode"]:
         print("\nDecode, tokens/s (median of the interleaved rounds) [fraction of the HBM-bandwidth limit] ms/step; "
               "naive = model.decode with the KVCache, fast = engine.FastDecoder, +compile = compiled layers; "
-              f"split_k_from: the fast decoder's, default {SPLIT_K_FROM}; split = the timed steps used split-K")
+              "split_k_from, window_rows_from: the fast decoder's, default auto; split = the timed steps used split-K")
         rows = {(r["attn"], r["variant"], r["ctx"], r["batch"]): r for r in results["decode"]}
         variants = list(dict.fromkeys(r["variant"] for r in results["decode"]))
         width = max(len(v) for v in variants + ["variant"])
@@ -717,11 +718,13 @@ def parse_args(argv=None):
     p.add_argument("--decode_variants", default=",".join(DECODE_VARIANTS),
                    help="comma-separated decoders to time: naive, naive+compile (compile_blocks), fast, fast+compile "
                         "(FastDecoder(compile=True))")
-    p.add_argument("--split_k_from", default=str(SPLIT_K_FROM),
-                   help="comma-separated split_k_from values for the fast decoder (ints; 'none' = never split); each runs "
+    p.add_argument("--split_k_from", default="auto",
+                   help="comma-separated split_k_from values for the fast decoder (ints; 'none' = never split; 'auto' = its "
+                        "default by batch); each runs "
                         "as its own variant, except one whose steps would split exactly as an earlier value's do")
-    p.add_argument("--window_rows_from", default=str(WINDOW_ROWS_FROM),
-                   help="comma-separated window_rows_from values for the fast decoder (ints; 'none' = never): from this "
+    p.add_argument("--window_rows_from", default="auto",
+                   help="comma-separated window_rows_from values for the fast decoder (ints; 'none' = never; 'auto' = its "
+                        "default by batch): from this "
                         "many keys on, Orthros's base twin reads its window by rows; each runs as its own variant, "
                         "except one whose steps would do exactly as an earlier value's do")
     p.add_argument("--decode_cache", default="prefill", choices=["prefill", "random"],
@@ -760,11 +763,12 @@ def parse_args(argv=None):
         p.error(f"--decode_variants takes a comma-separated subset of {','.join(DECODE_VARIANTS)}, got {','.join(args.decode_variants)!r}")
     for key in ("split_k_from", "window_rows_from"):
         try:
-            values = [None if s.lower() == "none" else int(s) for s in getattr(args, key).split(",") if s]
+            values = [None if s.lower() == "none" else s.lower() if s.lower() == "auto" else int(s)
+                      for s in getattr(args, key).split(",") if s]
         except ValueError:
             p.error(f"--{key} takes comma-separated ints or 'none', got {getattr(args, key)!r}")
-        if not values or any(s is not None and s < 0 for s in values):
-            p.error(f"--{key} needs at least one value, each >= 0 or 'none'")
+        if not values or any(isinstance(s, int) and s < 0 for s in values):
+            p.error(f"--{key} needs at least one value, each >= 0, 'none' or 'auto'")
         setattr(args, key, values)
     if args.out:
         stem = str(Path(args.out).with_suffix(""))

@@ -36,8 +36,22 @@ import torch
 import orthros
 from orthros import apply_rope, causal_depthwise_conv, rope_cos_sin
 
-SPLIT_K_FROM = 16384  # FastDecoder's default: split the softmax over chunks from this many keys on
-WINDOW_ROWS_FROM = 16384  # ... and let Orthros's base twin read its window by rows from this many keys on
+# The long-context paths, by default ("auto") where they paid on an H200 (results/README.md, Decode;
+# bench model, bf16): split-K at batch 1 from 64K keys (at 128K x 1: 342 against 299 tok/s; it cost
+# 1-4% at 32K x 1 and at batch 8), and the base twin's window by rows at batch >= 8 from 64K keys
+# (128K x 8: 667 against 630; it cost 4% at 32K x 8 and 5-13% at batch 1, where a step is short
+# and its extra kernels show).
+SPLIT_K_FROM = 65536
+WINDOW_ROWS_FROM = 65536
+
+
+def long_context_paths(batch_size, split_k_from="auto", window_rows_from="auto"):
+    """(split_k_from, window_rows_from) as FastDecoder uses them: "auto" resolved for the batch."""
+    if split_k_from == "auto":
+        split_k_from = SPLIT_K_FROM if batch_size == 1 else None
+    if window_rows_from == "auto":
+        window_rows_from = WINDOW_ROWS_FROM if batch_size >= 8 else None
+    return split_k_from, window_rows_from
 
 
 def bucket_granularity(n, chunk=256):
@@ -244,14 +258,14 @@ class FastDecoder:
     bucket_len). split_k_from: split the softmax over chunks (split_k_attention) when a step
     reads at least this many keys; None: never. window_rows_from: from this many keys on,
     Orthros's base twin reads its window by rows, apart from the output twin (see
-    decode_attention); None: never (SWA always does).
+    decode_attention); None: never (SWA always does). "auto" (both): long_context_paths.
     After each decode, last_n_keys is the number of cache rows its attention read.
     NOTE: the step reads the weights where they are; the scale-offsets are copied (stacked per
     twin) at each prefill(), so change weights only between generations.
     """
 
     def __init__(self, model, batch_size, max_len=None, cuda_graphs=None, compile=False, chunk=256,
-                 split_k_from=SPLIT_K_FROM, window_rows_from=WINDOW_ROWS_FROM):
+                 split_k_from="auto", window_rows_from="auto"):
         cfg = model.config
         max_len = cfg.max_seq_len if max_len is None else max_len
         if not 1 <= max_len <= cfg.max_seq_len:
@@ -261,6 +275,7 @@ class FastDecoder:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if chunk < 1 or chunk & (chunk - 1):
             raise ValueError(f"chunk must be a power of two, got {chunk}")
+        split_k_from, window_rows_from = long_context_paths(batch_size, split_k_from, window_rows_from)
         for name, value in (("split_k_from", split_k_from), ("window_rows_from", window_rows_from)):
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0 or None (never), got {value}")

@@ -165,6 +165,18 @@ def test_orthros_base_twin_reading_its_window_by_rows_matches_naive(conv_kernel,
     assert not fast.uses_window_rows(44) and fast.uses_window_rows(48)
 
 
+def test_long_context_paths_by_default_follow_the_batch():
+    """By default (measured on an H200): split-K at batch 1 from 64K keys, the base twin's window by rows at
+    batch >= 8 from 64K keys, neither below 64K keys; explicit values win."""
+    model = make_model("orthros")
+    one, eight = FastDecoder(model, batch_size=1, max_len=16), FastDecoder(model, batch_size=8, max_len=16)
+    assert one.uses_split_k(65536) and not one.uses_split_k(32768) and not one.uses_window_rows(131072)
+    assert eight.uses_window_rows(65536) and not eight.uses_window_rows(32768) and not eight.uses_split_k(131072)
+    forced = FastDecoder(model, batch_size=8, max_len=16, split_k_from=0, window_rows_from=None)
+    assert forced.uses_split_k(256) and not forced.uses_window_rows(131072)
+    assert FastDecoder(make_model("swa"), batch_size=1, max_len=16).uses_window_rows(256)   # SWA always does
+
+
 def random_attention_inputs(L, window, dtype=torch.float64, B=2, H=3, D=16, n=12, c=8, pos=83, scale=3.0, seed=0):
     """q (B, H, L, D), k, v (B, H, n*c, D), v in chunks (n, B, H, c, D), and key_masks' rows
     for the token at pos (the rows past it masked; row 0 windowed for Orthros's base twin)."""
