@@ -65,7 +65,21 @@ BUGS = [
 ]
 
 
-# -- Further wrong answers the checker must reject (phase 2 adds more) -------------------------
+# -- Further wrong answers the checker must reject ---------------------------------------------
+
+def student_file(body):
+    """A whole student file: two_stream_logits with this body (the solution's steps, one changed)."""
+    return ("import torch\nimport torch.nn.functional as F\n\nfrom orthros import rope_cos_sin\n\n\n"
+            "def two_stream_logits(model, idx, t_out):\n" + "".join(f"    {line}\n" for line in body.splitlines()))
+
+
+def solution_body(rope="rope_cos_sin(positions, head_dim, model.config.rope_base, model.wte.weight.dtype)",
+                  head_dim="model.config.n_embd // model.config.n_head", x="model.wte(idx)", before="", after=""):
+    return (f"T = idx.size(1)\nx = {x}\nz = torch.cat([x, x[:, T - t_out:]], dim=1)\n"
+            "positions = torch.arange(T)\npositions = torch.cat([positions, positions[T - t_out:]])\n"
+            f"head_dim = {head_dim}\n{before}rope = {rope}\nfor block in model.blocks:\n    z = block(z, T, rope)\n"
+            f"logits = model.lm_head(model.ln_f(z[:, T:]))\n{after}return logits")
+
 
 MUTANTS = [
     Mutant("the model called", SimpleNamespace(two_stream_logits=lambda model, idx, t_out: model(idx, t_out=t_out)[0]),
@@ -77,22 +91,69 @@ MUTANTS = [
            source="from orthros import Orthros\n_kept = {'forward': Orthros.forward}\n\n\n"
                   "def two_stream_logits(model, idx, t_out):\n    return _kept['forward'](model, idx, t_out=t_out)[0]\n",
            expect="your code called orthros.Orthros.forward"),
+    Mutant("the checker's expected logits imported",
+           source="from exercises.checks.ex02_two_streams import model_logits as two_stream_logits\n",
+           expect="is not available to your code"),
+    Mutant("RoPE's base written in", source=student_file(solution_body(
+        rope="rope_cos_sin(positions, head_dim, 10000.0, model.wte.weight.dtype)")), expect="rope_base=500.0"),
+    Mutant("head_dim from n_layer", source=student_file(solution_body(
+        head_dim="model.config.n_embd // model.config.n_layer")), expect="n_layer=3, n_head=4"),
+    Mutant("the RoPE tables in float64 whatever the model", source=student_file(solution_body(
+        rope="rope_cos_sin(positions, head_dim, model.config.rope_base, torch.float64)")),
+        expect="in float32"),
+    Mutant("the logits made float64", source=student_file(solution_body(after="logits = logits.double()\n")),
+           expect="your logits have dtype torch.float64, expected torch.float32"),
+    Mutant("dropout by F.dropout (training=True by default)", source=student_file(solution_body(
+        x="F.dropout(model.wte(idx), model.config.dropout)")), expect="dropout=0.1, in eval mode"),
+    Mutant("the RoPE tables kept on the model", source=student_file(solution_body(
+        before="model.rope_tables = rope_cos_sin(positions, head_dim, model.config.rope_base, model.wte.weight.dtype)\n",
+        rope="model.rope_tables")), expect="changed its input `model`: `model.rope_tables` is new"),
 ]
+
+EXACT = "in float64, to 1e-12"
+INVARIANT = ("the logits equal model(idx, t_out=t_out): the output tokens are copies of the last t_out embeddings at "
+             "their twins' positions, and the LM head reads only them")
+
+
+def logits_case(model, about, B, T, t_out, invariant=INVARIANT, dtype=None, atol=1e-12, seed=None):
+    return Case(
+        f"two_stream_logits(model, idx, t_out={t_out}), idx of shape ({B}, {T}); model: {about}",
+        inputs=lambda: dict(model=model, idx=tokens(B, T, vocab=model.config.vocab_size, seed=T if seed is None else seed),
+                            t_out=t_out),
+        call=logits, invariant=invariant, atol=atol, expected=model_logits, dtype=dtype)
 
 
 def cases(**options):
     model = tiny_model("orthros", window=4)
+    about = "Orthros, 2 layers, 2 heads, C=16, w=4, random scale-offsets"
     found = []
     for T in (1, 2, 3, 5, 9, 20):
         for t_out in sorted({1, 2, T // 2, T} & set(range(1, T + 1))):
-            found.append(Case(
-                f"two_stream_logits(model, idx, t_out={t_out}), idx of shape (2, {T}); model: Orthros, "
-                "2 layers, C=16, w=4, random scale-offsets",
-                inputs=lambda T=T, t_out=t_out: dict(model=model, idx=tokens(2, T, seed=T), t_out=t_out),
-                call=logits,
-                invariant="the logits equal model(idx, t_out=t_out): the output tokens are copies of the last "
-                          "t_out embeddings at their twins' positions, and the LM head reads only them",
-                atol=1e-12, expected=model_logits))
+            found.append(logits_case(model, about, 2, T, t_out, f"{INVARIANT}; {EXACT}"))
+    # One dimension at a time, each named in the case: what an answer could have written in
+    for B in (1, 3):
+        found.append(logits_case(model, f"{about} (a batch of {B})", B, 9, 4, f"{INVARIANT}, for every sequence of the batch"))
+    found.append(logits_case(tiny_model("orthros", seed=1, window=4), about + ", other weights (seed 1)", 2, 9, 4,
+                             f"{INVARIANT}; {EXACT}", seed=1))
+    found.append(logits_case(tiny_model("orthros", window=4, rope_base=500.0), about + ", rope_base=500.0 (the default "
+                             "is 10000.0)", 2, 9, 4, f"{INVARIANT}; RoPE turns by the model's rope_base, "
+                             "model.config.rope_base"))
+    found.append(logits_case(tiny_model("orthros", window=3, n_layer=3, n_head=4, n_embd=48), "Orthros, n_layer=3, "
+                             "n_head=4, C=48 (head_dim = C / n_head = 12), w=3", 2, 10, 4,
+                             f"{INVARIANT}; the RoPE tables have head_dim = n_embd / n_head columns"))
+    found.append(logits_case(model, about + ", in float32 (the weights' dtype)", 2, 9, 4,
+                             f"{INVARIANT}; the logits in the model's dtype, float32 here, every step in it",
+                             dtype=torch.float32, atol=1e-5))
+    found.append(logits_case(tiny_model("orthros", window=4, dropout=0.1), about + ", dropout=0.1, in eval mode", 2, 9, 4,
+                             f"{INVARIANT}; a model in eval mode drops nothing (F.dropout drops unless told "
+                             "training=False)"))
+    found.append(logits_case(tiny_model("orthros", window=4, conv_kernel=3), about + ", conv_kernel=3", 2, 9, 4,
+                             f"{INVARIANT}; the blocks convolve the base tokens themselves"))
+    # The paper's sizes: w = 128, T = 300 (pre-training and prefill)
+    wide = tiny_model("orthros", window=128)
+    for t_out in (1, 300):
+        found.append(logits_case(wide, "Orthros, 2 layers, 2 heads, C=16, w=128 (the paper's window), random "
+                                 "scale-offsets", 2, 300, t_out, f"{INVARIANT}; {EXACT}"))
     return found
 
 
