@@ -7,7 +7,7 @@ import torch
 
 from data.sft import collate, load_examples
 from data.tokenizer import get_tokenizer
-from exercises.framework import REPO, Bug, Case, tiny_model, tokens, using, variant
+from exercises.framework import REPO, Bug, Case, Mutant, tiny_model, tokens, using, variant
 from exercises.solutions import ex03_t_out_regimes as solution
 
 TITLE = "The t_out regimes"
@@ -57,6 +57,48 @@ BUGS = [
 ]
 
 
+# -- Further wrong answers the checker must reject ---------------------------------------------
+
+def student_file(smallest_body, tokens_body="return T + t_out if attn == 'orthros' else T"):
+    indent = lambda body: "".join(f"    {line}\n" for line in body.splitlines())
+    return ("import torch\n\n\ndef smallest_t_out(targets):\n" + indent(smallest_body) +
+            "\n\ndef tokens_through_layers(attn, T, t_out):\n" + indent(tokens_body))
+
+
+def smallest_body(trained="(targets != -1)", T="targets.size(1)", dim=0, first="int(columns[0])"):
+    return (f"T = {T}\ncolumns = {trained}.any(dim={dim}).nonzero()   # the columns that hold a target\n"
+            f"return T - {first} if len(columns) else 1")
+
+
+MUTANTS = [
+    Mutant("the stored solution imported", source="from exercises.solutions.ex03_t_out_regimes import *\n",
+           expect="is not available to your code"),
+    Mutant("the checker's live count imported",
+           source=student_file(smallest_body(), "from exercises.checks.ex03_t_out_regimes import rows_per_layer\n"
+                                                "return rows_per_layer(attn, 'SFT', T, t_out)"),
+           expect="is not available to your code"),
+    Mutant("targets > 0 taken for the trained ones", source=student_file(smallest_body(trained="(targets > 0)")),
+           expect="a response that starts with token id 0"),
+    Mutant("-100 taken for the ignore value", source=student_file(smallest_body(trained="(targets != -100)")),
+           expect="-1 where nothing is trained"),
+    Mutant("T from the batch dimension", source=student_file(smallest_body(T="targets.size(0)")),
+           expect="targets of shape (B, T) = (1, 2) = [[13, 0]]"),
+    Mutant("the rows flagged, not the columns", source=student_file(smallest_body(dim=1)),
+           expect="prompt 4, response 2"),
+    Mutant("a tensor returned, not an int", source=student_file(smallest_body(first="columns[0]")),
+           expect="your t_out is a tensor of shape (1,) (torch.int64), expected an int"),
+    Mutant("argmax finds column 0 when nothing is trained", source=student_file(
+        "T = targets.size(1)\nreturn T - int((targets != -1).any(dim=0).int().argmax())"),
+        expect="no response at all"),
+    Mutant("the targets flagged in place", source=student_file(
+        "trained = targets.ne_(-1)   # 1 where a target is\ncolumns = trained.any(dim=0).nonzero()\n"
+        "return targets.size(1) - int(columns[0]) if len(columns) else 1"),
+        expect="changed its input `targets` in place"),
+    Mutant("an output stream for the sliding-window baseline too", source=student_file(
+        smallest_body(), "return T if attn == 'transformer' else T + t_out"), expect="tokens_through_layers('swa'"),
+]
+
+
 # -- Cases --------------------------------------------------------------------------------------
 
 def example(turn_lengths, rng):
@@ -80,9 +122,20 @@ def batches():
              ("one example of two turns: prompt 3, response 2, prompt 2, response 1", [[3, 2, 2, 1]]),
              ("two examples with no response at all (nothing trained)", [[3, 0], [5, 0]])]
     found = [(what, [example(lengths, rng) for lengths in batch]) for what, batch in fixed]
+    other = random.Random(2)   # rng stays the random batches' own
+    found.append(("a response that starts with token id 0 (a real token: 0 is also END here), prompt 3, response 2",
+                  [{"tokens": [5, 7, 9, 0, 4, 0], "mask": [False] * 3 + [True] * 3}]))
+    found.append(("a pre-training batch of 2: every position trained, the first target token id 0",
+                  [{"tokens": [3, 0] + list(range(1, 8)), "mask": [True] * 9} for _ in range(2)]))
+    found.append(("a batch of 6 examples of 3 or 4 tokens (more rows than columns): a response of 1 in one row only",
+                  [example([3, 0], other) for _ in range(5)] + [example([2, 1], other)]))
     for seed in range(4):
         batch = [example([rng.randint(1, 9), rng.randint(0, 6)] * rng.randint(1, 2), rng) for _ in range(4)]
         found.append((f"a random batch of 4 (seed {seed})", batch))
+    long = random.Random(1)   # the paper's sizes: sequences of 2048 tokens, prompts of hundreds
+    found.append(("a random batch of 8 sequences of up to 2048 tokens (prompts of 300 to 1800 tokens)",
+                  [example([long.randint(300, 1800), long.randint(1, 240)], long) for _ in range(7)] +
+                  [example([1800, 247], long)]))
     return found
 
 
@@ -91,11 +144,13 @@ def cases(**options):
     for what, batch in batches():
         x, y, t_out = collate(batch)
         found.append(Case(
-            f"smallest_t_out(targets) for {what}: x, targets, _ = data.sft.collate(batch); targets = {y.tolist()}",
+            f"smallest_t_out(targets) for {what}: x, targets, _ = data.sft.collate(batch); targets of shape "
+            f"(B, T) = {tuple(y.shape)}" + (f" = {y.tolist()}" if y.numel() <= 64 else ""),
             inputs=lambda y=y: dict(targets=y),
             call=lambda answer, targets: answer.smallest_t_out(targets),
             invariant="t_out is the smallest suffix of columns that holds every target (data.sft.collate's "
-                      "t_out); 1 when nothing is trained",
+                      "t_out); targets are -1 where nothing is trained (data.sft.IGNORE), any other value, 0 "
+                      "included, is a target; 1 when nothing is trained",
             expected=lambda targets, t_out=t_out: t_out))
     model = tiny_model("orthros", vocab_size=37)
     x, y, _ = collate(batches()[2][1])
@@ -108,7 +163,8 @@ def cases(**options):
         atol=1e-12, expected=lambda model, x, targets: model(x, targets, t_out=x.size(1))[1].detach(),
         output="the loss"))
     for attn in ("orthros", "swa", "transformer"):
-        for regime, T, t_out in (("pre-training", 12, 12), ("SFT", 12, 5), ("prefill", 12, 1), ("decode", 1, 1)):
+        for regime, T, t_out in (("pre-training", 12, 12), ("SFT", 12, 5), ("prefill", 12, 1), ("decode", 1, 1),
+                                 ("pre-training", 2048, 2048), ("SFT", 2048, 300)):
             found.append(Case(
                 f"tokens_through_layers({attn!r}, T={T}, t_out={t_out}): {regime}",
                 inputs=lambda attn=attn, T=T, t_out=t_out: dict(attn=attn, T=T, t_out=t_out),
@@ -127,7 +183,7 @@ def sft_loss(answer, model, x, targets):
 
 def rows_per_layer(attn, regime, T, t_out):
     """Run the regime on a tiny model and count the rows its first block receives."""
-    model = tiny_model(attn)
+    model = tiny_model(attn, max_seq_len=max(512, T))
     rows = []
     hook = model.blocks[0].register_forward_pre_hook(lambda block, args: rows.append(args[0].size(1)))
     with torch.no_grad():
