@@ -1,10 +1,12 @@
 """Exercise 6, how far each stream can see: the checker, hints and known bugs."""
 
+import functools
+import inspect
 from types import SimpleNamespace
 
 import torch
 
-from exercises.framework import Bug, Case, Mutant, tiny_model, tokens, variant
+from exercises.framework import Bug, Case, Mutant, Wrong, short, tiny_model, tokens, variant
 from exercises.solutions import ex06_reach as solution
 
 TITLE = "How far each stream can see"
@@ -59,9 +61,61 @@ BUGS = [
 ]
 
 
-# -- Further wrong answers the checker must reject (phase 2 adds more) -------------------------
+# -- Further wrong answers the checker must reject -----------------------------------------------
+
+def make_wrong(perturb=lambda token, vocab: (token + 1) % vocab, differs=lambda a, b: not torch.equal(a, b),
+               in_place=False, as_double=False):
+    def positions_that_change(model, idx, t):
+        if as_double:
+            model.double()                                       # "exact" comparisons: the caller's model changes
+        with torch.no_grad():
+            before = model(idx)[0][:, t]
+            changed = []
+            for j in range(idx.size(1)):
+                other = idx if in_place else idx.clone()         # in_place: the caller's idx is perturbed
+                other[0, j] = perturb(int(other[0, j]), model.config.vocab_size)
+                if differs(model(other)[0][:, t], before):
+                    changed.append(j)
+        return changed
+    return positions_that_change
+
+
+def from_the_config(model, idx, t):
+    """The positions the theory predicts (the window, the layers), not measured."""
+    c = model.config
+    first = 0 if c.attn != "swa" else max(0, t - c.n_layer * (c.window - 1))
+    return list(range(first, t + 1))
+
+
+def wrong_positions(**how):
+    return SimpleNamespace(positions_that_change=make_wrong(**how), swa_reach=solution.swa_reach)
+
+
+def wrong_reach(swa_reach):
+    return SimpleNamespace(positions_that_change=solution.positions_that_change, swa_reach=swa_reach)
+
 
 MUTANTS = [
+    Mutant("the token set to 0, not changed", wrong_positions(perturb=lambda token, vocab: 0),
+           expect="position 6 (token 0) is missing"),
+    Mutant("token + 1 without the modulo", wrong_positions(perturb=lambda token, vocab: token + 1),
+           expect="IndexError"),
+    Mutant("the tiny model's vocabulary hard-coded (% 37)", wrong_positions(perturb=lambda token, vocab: (token + 1) % 37),
+           expect="IndexError"),
+    Mutant("torch.allclose, not torch.equal", wrong_positions(differs=lambda a, b: not torch.allclose(a, b)),
+           expect="a faint change, but not zero"),
+    Mutant("the predicted token compared, not the logits",
+           wrong_positions(differs=lambda a, b: not torch.equal(a.argmax(-1), b.argmax(-1))), expect="is missing"),
+    Mutant("the positions from the config, not measured",
+           SimpleNamespace(positions_that_change=from_the_config, swa_reach=solution.swa_reach),
+           expect="position 5 (token 16) is missing"),
+    Mutant("idx perturbed in place", wrong_positions(in_place=True), expect="changed its input `idx`"),
+    Mutant("the model made float64 for exact comparisons", wrong_positions(as_double=True),
+           expect="changed its input `model`"),
+    Mutant("swa_reach with the window hard-coded", wrong_reach(lambda n_layer, window: n_layer * 3),
+           expect="it does not change with window"),
+    Mutant("swa_reach as n_layer * window - 1", wrong_reach(lambda n_layer, window: n_layer * window - 1),
+           expect="yours 3, measured 2"),
     Mutant("the checker's measurement imported",
            source="def positions_that_change(model, idx, t):\n"
                   "    from exercises.solutions.ex06_reach import positions_that_change\n"
@@ -70,36 +124,161 @@ MUTANTS = [
                   "    from exercises.checks.ex06_reach import measured_reach\n"
                   "    return measured_reach(n_layer, window)\n",
            expect="is not available to your code"),
+    Mutant("the stored solution imported at the top",
+           source="from exercises.solutions.ex06_reach import positions_that_change, swa_reach\n",
+           expect="does not import: ImportError"),
 ]
+
+
+# -- Cases --------------------------------------------------------------------------------------
+
+# (attn, n_layer, window, T, t, what else): every dimension an answer could hard-code varies: the depth
+# and the window (one not dividing T), the vocabulary (token vocab_size - 1 is planted at t, token 0 at
+# t - 1: a perturbation must change both), heads, rope_base, seed, float32, the convolution, t = 0.
+POSITIONS = [
+    ("swa", 1, 2, 8, 7, {}),
+    ("swa", 1, 3, 8, 5, dict(vocab_size=11, seed=1)),
+    ("orthros", 1, 2, 8, 7, {}),
+    ("orthros", 3, 2, 9, 0, {}),
+    ("transformer", 2, 3, 10, 9, {}),
+    ("swa", 3, 2, 10, 9, dict(faint=0.01)),
+    ("swa", 2, 3, 12, 11, dict(n_head=4, rope_base=500.0)),
+    ("orthros", 2, 3, 12, 8, dict(dtype=torch.float32, seed=2)),
+    ("swa", 2, 3, 14, 13, dict(conv_kernel=3)),
+    ("swa", 3, 4, 16, 12, dict(n_head=4, dtype=torch.float32, seed=3)),
+]
+REACHES = [(1, 1), (1, 2), (2, 2), (3, 2), (1, 4), (2, 3), (3, 4), (2, 8), (4, 5), (12, 128)]   # the last: the paper's
 
 
 def cases(**options):
     found = []
-    for attn, n_layer, window, T, t in [("swa", 1, 2, 8, 7), ("swa", 1, 3, 8, 5), ("swa", 2, 3, 12, 11),
-                                        ("swa", 3, 4, 16, 12), ("orthros", 1, 2, 8, 7), ("orthros", 2, 3, 12, 8),
-                                        ("transformer", 2, 3, 10, 9)]:
-        model = tiny_model(attn, n_layer=n_layer, window=window)
+    for attn, n_layer, window, T, t, more in POSITIONS:
+        more = dict(more)
+        dtype, faint, seed = more.pop("dtype", None), more.pop("faint", None), more.pop("seed", 0)
+        model = tiny_model(attn, seed=seed, n_layer=n_layer, window=window, **more)
+        if faint:
+            with torch.no_grad():
+                for block in model.blocks:
+                    block.attn.c_proj.weight.mul_(faint)
+        vocab = model.config.vocab_size
+        idx = tokens(1, T, vocab=vocab, seed=T + seed)
+        idx[0, max(t - 1, 0)], idx[0, t] = 0, vocab - 1
+        details = ", ".join([f"{n_layer} layer(s)", f"n_head={model.config.n_head}", f"w={window}", f"vocab_size={vocab}"] +
+                            [f"{k}={v!r}" for k, v in more.items() if k not in ("n_head", "vocab_size")] +
+                            (["float32"] if dtype else []) + ([f"each attention's output projection scaled by {faint} "
+                                                               "(faint far influences)"] if faint else []))
+        planted = (f"token 0 at position {t - 1}, " if t else "") + f"token {vocab - 1} (= vocab_size - 1) at position {t}"
         found.append(Case(
-            f"positions_that_change(model, idx, t={t}): attn={attn!r}, {n_layer} layer(s), w={window}, idx of shape (1, {T})",
-            inputs=lambda model=model, T=T, t=t: dict(model=model, idx=tokens(1, T, seed=T), t=t),
-            call=lambda answer, model, idx, t: answer.positions_that_change(model, idx, t),
-            invariant="the positions whose token moves the logits at t: for SWA exactly t - L(w-1) ... t; for "
-                      "Orthros (the output stream) and the Transformer every position 0 ... t; never one after t"))
-    for n_layer, window in [(1, 1), (1, 2), (2, 2), (1, 4), (2, 3), (3, 4), (2, 8)]:
+            f"positions_that_change(model, idx, t={t}): attn={attn!r}, {details}; idx of shape (1, {T}) with {planted}",
+            inputs=lambda model=model, idx=idx, t=t: dict(model=model, idx=idx, t=t),
+            call=checked_positions, dtype=dtype,
+            invariant="the positions whose token moves the logits at t: for SWA exactly t - L(w-1) ... t (a "
+                      "convolution of kernel k reaches k-1 further per layer); for Orthros (the output stream) and "
+                      "the Transformer every position 0 ... t; never one after t"))
+    for n_layer, window in REACHES:
         found.append(Case(
-            f"swa_reach(n_layer={n_layer}, window={window})",
+            f"swa_reach(n_layer={n_layer}, window={window})" + (" (the paper's)" if window == 128 else ""),
             inputs=lambda n_layer=n_layer, window=window: dict(n_layer=n_layer, window=window),
-            call=lambda answer, n_layer, window: answer.swa_reach(n_layer, window),
+            call=checked_reach,
             invariant="t minus the farthest position that moves a sliding-window model's logits at t, measured "
                       "live with the stored solution's positions_that_change",
             expected=measured_reach))
     return found
 
 
+def checked_positions(answer, model, idx, t):
+    """The answer's positions; when they are not the measured ones, which position is wrong and why."""
+    right = measured_positions(model, idx, t)
+    mine = answer.positions_that_change(model, idx, t)
+    if inspect.unwrap(answer.positions_that_change) is solution.positions_that_change:
+        return mine   # the reference's own run: nothing to explain
+    if mine == right:
+        return mine
+    try:
+        mine_set = {int(j) for j in mine}
+    except (TypeError, ValueError):
+        return mine   # the framework reports the difference
+    head = f"yours {short(mine)}, measured {short(right)}"
+    if len(mine_set) == len(mine) and sorted(mine_set) != list(mine):
+        raise Wrong(f"{head}: the right positions, but your list is not sorted")
+    if len(mine_set) < len(mine):
+        raise Wrong(f"{head}: your list repeats a position")
+    T, vocab = idx.size(1), model.config.vocab_size
+    missing, extra = sorted(set(right) - mine_set), sorted(mine_set - set(right))
+    if missing:
+        j = missing[0]
+        token = int(idx[0, j])
+        moved = influence(model, idx, t, j)
+        faint = " (a faint change, but not zero: compare exactly)" if moved < 1e-6 else ""
+        raise Wrong(f"{head}: position {j} (token {token}) is missing, though changing its token ({token} -> "
+                    f"{(token + 1) % vocab}) moves the logits at t={t} by up to {moved:.2g}{faint}")
+    j = extra[0]
+    if not 0 <= j < T:
+        raise Wrong(f"{head}: position {j} is not a position of idx (0 ... {T - 1})")
+    if j > t:
+        raise Wrong(f"{head}: position {j} is after t={t}: the logits at t never see it (k_pos <= q_pos)")
+    token = int(idx[0, j])
+    raise Wrong(f"{head}: position {j} (token {token}) is in yours, though changing its token ({token} -> "
+                f"{(token + 1) % vocab}) leaves the logits at t={t} exactly as they were")
+
+
+MEASURED = {}
+
+
+def measured_positions(model, idx, t):
+    """The stored solution's measurement, once per model, input and t (the answer's run gets a copy of
+    the inputs the reference's run got)."""
+    weights = tuple(float(p.double().sum()) for p in model.state_dict().values())
+    key = (repr(model.config), str(model.wte.weight.dtype), tuple(idx.flatten().tolist()), t, weights)
+    if key not in MEASURED:
+        MEASURED[key] = solution.positions_that_change(model, idx, t)
+    return list(MEASURED[key])
+
+
+def influence(model, idx, t, j):
+    with torch.no_grad():
+        other = idx.clone()
+        other[0, j] = (other[0, j] + 1) % model.config.vocab_size
+        return (model(other)[0][:, t] - model(idx)[0][:, t]).abs().max().item()
+
+
+def checked_reach(answer, n_layer, window):
+    """The answer's reach; when it is wrong and does not change with a dimension, say so."""
+    mine = answer.swa_reach(n_layer, window)
+    right = measured_reach(n_layer, window)
+    if mine == right:
+        return mine
+    notes = []
+    for name, args in (("window", (n_layer, window + 1)), ("n_layer", (n_layer + 1, window))):
+        try:
+            other = answer.swa_reach(*args)
+        except Exception:
+            continue
+        if other == mine:
+            notes.append(f"your swa_reach{args} is {short(other)} too: it does not change with {name}")
+    raise Wrong(f"yours {short(mine)}, measured {right}" + ("; " + "; ".join(notes) if notes else ""))
+
+
+@functools.lru_cache(maxsize=None)
 def measured_reach(n_layer, window):
+    """t minus the farthest position that moves the logits at t = T - 1 of a tiny SWA model, measured
+    live: by perturbing every position of a short sequence, as the exercise does; for deep models and
+    long windows (the paper's 12 layers, w = 128), whose farthest influences are lost to float64's
+    rounding (about (1/w)^L), by autograd: the gradient of the logits at t with respect to each
+    position's embedding is exactly zero beyond the reach, and not zero within it."""
     T = n_layer * (window - 1) + 3  # room for the whole reach and two positions beyond it
-    model = tiny_model("swa", n_layer=n_layer, window=window)
-    return T - 1 - min(solution.positions_that_change(model, tokens(1, T, seed=T), T - 1))
+    if T <= 64:
+        model = tiny_model("swa", n_layer=n_layer, window=window)
+        return T - 1 - min(solution.positions_that_change(model, tokens(1, T, seed=T), T - 1))
+    model = tiny_model("swa", n_layer=n_layer, window=window, n_embd=8, n_head=1, max_seq_len=T)
+    kept = {}
+    hook = model.wte.register_forward_hook(lambda module, args, out: kept.setdefault("embeddings", out))
+    try:
+        logits = model(tokens(1, T, seed=T))[0]
+    finally:
+        hook.remove()
+    grad, = torch.autograd.grad(logits[0, T - 1].sum(), kept["embeddings"])
+    return T - 1 - int((grad[0] != 0).any(-1).nonzero().min())
 
 
 def after_pass(answer, **options):
