@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from exercises.framework import Bug, Case, Mutant, randn, tiny_model
 from exercises.solutions import ex04_algorithm1 as solution
-from orthros import Block, Orthros, OrthrosAttention, apply_rope, attention_mask, rope_cos_sin
+from orthros import Block, Orthros, OrthrosAttention, OrthrosConfig, apply_rope, attention_mask, rope_cos_sin
 
 TITLE = "Algorithm 1 with the scale-offsets"
 DIFFICULTY = 3
@@ -80,36 +80,135 @@ BUGS = [
 ]
 
 
-# -- Further wrong answers the checker must reject (phase 2 adds more) -------------------------
+# -- Further wrong answers the checker must reject ---------------------------------------------
+
+def student_file(body):
+    """A whole student file: orthros_attention with this body."""
+    return ("import torch\nimport torch.nn.functional as F\n\nfrom orthros import apply_rope, attention_mask, "
+            "rope_cos_sin\n\n\ndef orthros_attention(attn, z, T, cos, sin):\n" +
+            "".join(f"    {line}\n" for line in body.splitlines()))
+
+
+def solution_body(H="attn.n_head", D="attn.head_dim", window="attn.window", out_window="None", rope="",
+                  masks="", dropout="", merge="y = torch.cat([y, y_out], dim=2).transpose(1, 2).reshape(B, L, C)"):
+    masks = masks or (f"base_mask = attention_mask(T, T, {window}, z.device)\n"
+                      f"out_mask = attention_mask(t_out, T, {out_window}, z.device)\n")
+    return ("B, L, C = z.shape\n"
+            f"H, D = {H}, {D}\n"
+            "t_out = L - T\n"
+            "x, x_out = z[:, :T], z[:, T:]\n"
+            "k, v = attn.c_k(x), attn.c_v(x)\n"
+            "q = attn.alpha * attn.c_q(x) + attn.beta\n"
+            "q_out = attn.alpha_out * attn.c_q(x_out) + attn.beta_out\n"
+            "split = lambda t: t.view(B, -1, H, D).transpose(1, 2)\n" + rope +
+            "q = apply_rope(split(q), cos[:T], sin[:T])\n"
+            "q_out = apply_rope(split(q_out), cos[T:], sin[T:])\n"
+            "k, v = apply_rope(split(k), cos[:T], sin[:T]), split(v)\n" + masks +
+            f"y = F.scaled_dot_product_attention(q, k, v, attn_mask=base_mask{dropout})\n"
+            f"y_out = F.scaled_dot_product_attention(q_out, k, v, attn_mask=out_mask{dropout})\n"
+            f"{merge}\nreturn attn.c_proj(y)")
+
 
 MUTANTS = [
     Mutant("the layer called", SimpleNamespace(orthros_attention=lambda attn, z, T, cos, sin: attn(z, T, (cos, sin))),
            expect="your code called orthros.OrthrosAttention.forward"),
+    Mutant("the stored solution imported", source="from exercises.solutions.ex04_algorithm1 import orthros_attention\n",
+           expect="is not available to your code"),
+    Mutant("the layer's forward kept at import time",
+           source="from orthros import OrthrosAttention\n\n_forward = OrthrosAttention.forward\n\n\n"
+                  "def orthros_attention(attn, z, T, cos, sin):\n    return _forward(attn, z, T, (cos, sin))\n",
+           expect="holds orthros.OrthrosAttention.forward"),
+    Mutant("the window written in", source=student_file(solution_body(window="3")), expect="w=5"),
+    Mutant("two heads written in", source=student_file(solution_body(H="2", D="C // 2")), expect="n_head=4"),
+    Mutant("the output tokens windowed too", source=student_file(solution_body(out_window="attn.window")),
+           expect="output tokens every key up to their position"),
+    Mutant("an additive mask in float64", source=student_file(solution_body(masks=(
+        "neg = float('-inf')\n"
+        "base_mask = torch.zeros(T, T, dtype=torch.float64).masked_fill(~attention_mask(T, T, attn.window), neg)\n"
+        "out_mask = torch.zeros(t_out, T, dtype=torch.float64).masked_fill(~attention_mask(t_out, T), neg)\n"))),
+        expect="in float32"),
+    Mutant("the RoPE tables made anew with the default base", source=student_file(solution_body(rope=(
+        "positions = torch.cat([torch.arange(T), torch.arange(T - t_out, T)])\n"
+        "cos, sin = rope_cos_sin(positions, D, 10000.0, z.dtype)\n"))), expect="rope_base=500.0"),
+    Mutant("dropout in eval mode", source=student_file(solution_body(dropout=", dropout_p=attn.dropout")),
+           expect="dropout=0.1, in eval mode"),
+    Mutant("the merged heads written into z", source=student_file(solution_body(
+        merge="y = z.copy_(torch.cat([y, y_out], dim=2).transpose(1, 2).reshape(B, L, C))   # z is spent")),
+        expect="changed its input `z` in place"),
 ]
+
+INVARIANT = ("the output equals attn(z, T, (cos, sin)): K, V from the base tokens only; one W_Q, then alpha * q + beta "
+             "for base tokens and alpha' * q + beta' for output tokens; base tokens attend the window (eq. 4), output "
+             "tokens every key up to their position (eq. 5)")
+
+
+def layer(seed=0, n_head=2, n_embd=16, window=3, **overrides):
+    """An OrthrosAttention in float64 and eval mode, its weights GPT-2's, its scale-offsets off identity and
+    distinct (alpha != alpha', beta != beta')."""
+    torch.manual_seed(seed)
+    config = OrthrosConfig(vocab_size=37, n_layer=2, n_head=n_head, n_embd=n_embd, window=window, max_seq_len=512,
+                           **overrides)
+    attn = OrthrosAttention(config).double().eval()
+    with torch.no_grad():
+        for name, p in attn.named_parameters():
+            if name in ("alpha", "beta", "alpha_out", "beta_out"):
+                p.add_(0.5 * torch.randn_like(p))
+            else:
+                torch.nn.init.normal_(p, std=0.02 if n_embd > 64 else 0.3)
+    assert not torch.equal(attn.alpha, attn.alpha_out) and not torch.equal(attn.beta, attn.beta_out)
+    return attn
+
+
+def layer_case(attn, about, B, T, t_out, invariant=INVARIANT, rope_base=10000.0, dtype=None, atol=1e-12, seed=None):
+    positions = torch.cat([torch.arange(T), torch.arange(T - t_out, T)])
+    cos, sin = rope_cos_sin(positions, attn.head_dim, rope_base, torch.float64)
+    z = randn(B, T + t_out, attn.n_head * attn.head_dim, seed=10 * T + t_out if seed is None else seed)
+    return Case(
+        f"orthros_attention(attn, z, T={T}, cos, sin): z of shape {tuple(z.shape)} ({t_out} output "
+        f"token{'s' if t_out > 1 else ''}); attn: {about}",
+        inputs=lambda: dict(attn=attn, z=z, T=T, cos=cos, sin=sin),
+        call=run_layer, invariant=invariant, atol=atol, dtype=dtype,
+        expected=lambda attn, z, T, cos, sin: streams(attn(z, T, (cos, sin)).detach(), T), output="your output")
 
 
 def cases(**options):
     attn = tiny_model("orthros", window=3, n_embd=16, n_head=2).blocks[1].attn
     so = (attn.alpha, attn.alpha_out, attn.beta, attn.beta_out)
     assert not torch.equal(so[0], so[1]) and not torch.equal(so[2], so[3]), "the check needs distinct scale-offsets"
+    about = "2 heads, C=16, w=3, alpha != alpha', beta != beta'"
     found = []
     for T in (1, 2, 3, 5, 8, 13):
         for t_out in sorted({1, 2, T} & set(range(1, T + 1))):
-            positions = torch.cat([torch.arange(T), torch.arange(T - t_out, T)])
-            cos, sin = rope_cos_sin(positions, attn.head_dim, 10000.0, torch.float64)
-            z = randn(2, T + t_out, 16, seed=10 * T + t_out)
-            found.append(Case(
-                f"orthros_attention(attn, z, T={T}, cos, sin): z of shape (2, {T + t_out}, 16) "
-                f"({t_out} output token{'s' if t_out > 1 else ''}), 2 heads, w=3, alpha != alpha', beta != beta'",
-                inputs=lambda z=z, T=T, cos=cos, sin=sin: dict(attn=attn, z=z, T=T, cos=cos, sin=sin),
-                call=layer,
-                invariant="the output equals attn(z, T, (cos, sin)): K, V from the base tokens only; one W_Q, then "
-                          "alpha * q + beta for base tokens and alpha' * q + beta' for output tokens; base tokens "
-                          "attend the window (eq. 4), output tokens every key up to their position (eq. 5)",
-                atol=1e-12, expected=lambda attn, z, T, cos, sin: attn(z, T, (cos, sin)).detach()))
+            found.append(layer_case(attn, about, 2, T, t_out, f"{INVARIANT}; in float64, to 1e-12"))
+    # One dimension at a time, each named in the case: what an answer could have written in
+    for B in (1, 3):
+        found.append(layer_case(attn, f"{about} (a batch of {B})", B, 8, 3, f"{INVARIANT}, for every sequence of the batch"))
+    found.append(layer_case(layer(seed=1), "another layer (seed 1), " + about, 2, 8, 3))
+    found.append(layer_case(layer(window=5), "2 heads, C=16, w=5, T=13 (w does not divide T)", 2, 13, 4,
+                            f"{INVARIANT}; the window is the layer's, attn.window"))
+    found.append(layer_case(layer(n_head=4, n_embd=48), "n_head=4, C=48 (head_dim = 12), w=3", 2, 8, 3,
+                            f"{INVARIANT}; H = attn.n_head heads of D = attn.head_dim channels"))
+    found.append(layer_case(attn, about + "; cos, sin from rope_base=500.0 (not the default 10000.0)", 2, 8, 3,
+                            f"{INVARIANT}; RoPE rotates by the tables it is given, cos and sin", rope_base=500.0))
+    found.append(layer_case(attn, about + ", in float32 (attn, z, cos, sin all float32)", 2, 8, 3,
+                            f"{INVARIANT}; the output in the layer's dtype, float32 here, every step in it",
+                            dtype=torch.float32, atol=1e-5))
+    found.append(layer_case(layer(dropout=0.1), "2 heads, C=16, w=3, dropout=0.1, in eval mode", 2, 8, 3,
+                            f"{INVARIANT}; a layer in eval mode drops nothing (its own forward: dropout_p = "
+                            "attn.dropout if attn.training else 0)"))
+    # The paper's sizes: w = 128 over T = 300; C = 768 and 6 heads of 128 channels (the bench model's layer)
+    found.append(layer_case(layer(window=128), "2 heads, C=16, w=128 (the paper's window)", 2, 300, 300,
+                            f"{INVARIANT}; in float64, to 1e-12"))
+    found.append(layer_case(layer(n_head=6, n_embd=768, window=128), "the bench model's layer: n_head=6, C=768 "
+                            "(head_dim = 128), w=128", 1, 300, 2, f"{INVARIANT}; in float64, to 1e-12"))
     return found
 
 
-def layer(answer, attn, z, T, cos, sin):
+def run_layer(answer, attn, z, T, cos, sin):
     with torch.no_grad():
-        return answer.orthros_attention(attn, z, T, cos, sin)
+        return streams(answer.orthros_attention(attn, z, T, cos, sin), T)
+
+
+def streams(y, T):
+    """The output's rows by stream, so that a difference names the stream it is in."""
+    return {"base tokens, rows [:, :T]": y[:, :T], "output tokens, rows [:, T:]": y[:, T:]}
