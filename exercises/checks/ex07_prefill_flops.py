@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from exercises.framework import Bug, Case, Mutant, patched, variant
+from exercises.framework import Bug, Case, Mutant, Wrong, patched, student_side, variant
 from exercises.solutions import ex07_prefill_flops as solution
 from orthros import Orthros, OrthrosConfig
 from perf import bench
@@ -18,7 +18,7 @@ MINUTES = 35
 TEACHES = "why prefill is linear: T(T+1)/2 pairs against ~Tw + T; the FLOP-limit speedup against a measured one"
 FUNCTIONS = ("attended_pairs", "prefill_flops")
 REFERENCE = SimpleNamespace(attended_pairs=bench.attended_pairs, prefill_flops=solution.prefill_flops)
-RETURNS = {"attended_pairs": "count of pairs", "prefill_flops": "FLOP count"}
+RETURNS = {"attended_pairs": "pair count", "prefill_flops": "FLOP count"}
 BENCH = "perf/bench.py's FLOP count, which the checker compares yours with: count them yourself"
 FORBIDDEN = {bench.forward_flops: BENCH, bench.prefill_flop_limits: BENCH, bench.train_flops: BENCH}
 
@@ -76,40 +76,114 @@ BUGS = [
 
 # -- Cases --------------------------------------------------------------------------------------
 
-SIZES = {"tiny (2 x 16, w=4, V=37)": OrthrosConfig(vocab_size=37, n_layer=2, n_head=2, n_embd=16, window=4),
-         "bench --tiny (2 x 128, w=16, V=4096)": OrthrosConfig(vocab_size=4096, n_layer=2, n_head=2, n_embd=128, window=16),
-         "the paper's (12 x 768, w=128, V=50304)": OrthrosConfig()}
+SIZES = {"tiny (2 x 16, 2 heads, w=4, V=37)": OrthrosConfig(vocab_size=37, n_layer=2, n_head=2, n_embd=16, window=4),
+         "odd (3 x 48, 4 heads, w=7, V=101)": OrthrosConfig(vocab_size=101, n_layer=3, n_head=4, n_embd=48, window=7),
+         "bench --tiny (2 x 128, 2 heads, w=16, V=4096)": OrthrosConfig(vocab_size=4096, n_layer=2, n_head=2, n_embd=128, window=16),
+         "the paper's (12 x 768, 6 heads, w=128, V=50304)": OrthrosConfig()}
 
 
-# -- Further wrong answers the checker must reject (phase 2 adds more) -------------------------
+# -- Further wrong answers the checker must reject ----------------------------------------------
+
+@student_side   # the mutants' own attended_pairs, and what their prefill_flops call
+def right_pairs(T, window=None, n_q=None):
+    n_q = T if n_q is None else n_q
+    if window is None:
+        return n_q * T - n_q * (n_q - 1) // 2
+    w = min(window, T)
+    return w * (w + 1) // 2 + (T - w) * window
+
+
+def pairs_without_n_q(T, window=None, n_q=None):
+    return right_pairs(T, window)                              # every query counted, whatever n_q
+
+
+def pairs_unclamped(T, window=None, n_q=None):
+    if window is None:
+        return right_pairs(T, None, n_q)
+    return window * (window + 1) // 2 + (T - window) * window   # w > T: more keys than there are
+
+
+def pairs_float(T, window=None, n_q=None):
+    n_q = T if n_q is None else n_q
+    if window is None:
+        return n_q * T - n_q * (n_q - 1) / 2                   # / where // keeps an int
+    return right_pairs(T, window)
+
+
+def make_wrong(window=None, per_head=False, layers=None, n_head_layers=False, swa_output_token=False, lm_head=1):
+    def prefill_flops(cfg, T):
+        C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
+        L = cfg.n_head if n_head_layers else layers or L
+        w = window or cfg.window
+        has_output = cfg.attn == "orthros" or swa_output_token and cfg.attn == "swa"
+        n_tokens = T + 1 if has_output else T
+        tokenwise = 2 * (10 * C * C * n_tokens + 2 * C * C * T)
+        pairs = right_pairs(T) if cfg.attn == "transformer" else right_pairs(T, w)
+        if has_output and cfg.attn != "transformer":
+            pairs += right_pairs(T, None, 1)
+        per_pair = 4 * (C // cfg.n_head if per_head else C)
+        return L * (tokenwise + per_pair * pairs) + 2 * C * V * lm_head
+    return prefill_flops
+
+
+def wrong(**how):
+    return SimpleNamespace(attended_pairs=right_pairs, prefill_flops=make_wrong(**how))
+
+
+RIGHT_PAIRS_SOURCE = ("def attended_pairs(T, window=None, n_q=None):\n"
+                      "    n_q = T if n_q is None else n_q\n"
+                      "    if window is None:\n"
+                      "        return n_q * T - n_q * (n_q - 1) // 2\n"
+                      "    w = min(window, T)\n"
+                      "    return w * (w + 1) // 2 + (T - w) * window\n\n\n")
 
 MUTANTS = [
     Mutant("bench.forward_flops returned",
-           source="from perf import bench\n\n\n"
-                  "def attended_pairs(T, window=None, n_q=None):\n"
-                  "    n_q = T if n_q is None else n_q\n"
-                  "    if window is None:\n"
-                  "        return n_q * T - n_q * (n_q - 1) // 2\n"
-                  "    w = min(window, T)\n"
-                  "    return w * (w + 1) // 2 + (T - w) * window\n\n\n"
+           source="from perf import bench\n\n\n" + RIGHT_PAIRS_SOURCE +
                   "def prefill_flops(cfg, T):\n"
                   "    return bench.forward_flops(cfg, T, 1)\n",
            expect="your code called perf.bench.forward_flops"),
+    Mutant("bench.forward_flops captured at import",
+           source="from perf.bench import forward_flops as _count\n\n\n" + RIGHT_PAIRS_SOURCE +
+                  "def prefill_flops(cfg, T):\n"
+                  "    return _count(cfg, T, 1)\n",
+           expect="holds perf.bench.forward_flops"),
+    Mutant("bench's attended_pairs imported for prefill_flops",
+           source="from perf.bench import attended_pairs as pairs\n\n\n" + RIGHT_PAIRS_SOURCE +
+                  "def prefill_flops(cfg, T):\n"
+                  "    C = cfg.n_embd\n"
+                  "    return cfg.n_layer * (2 * 12 * C * C * T + 4 * C * pairs(T, cfg.window)) + 2 * C * cfg.vocab_size\n",
+           expect="holds perf.bench.attended_pairs"),
+    Mutant("attended_pairs: n_q ignored", SimpleNamespace(attended_pairs=pairs_without_n_q, prefill_flops=make_wrong()),
+           expect="the last 1 of T=2 queries"),
+    Mutant("attended_pairs: the window not clamped to T", SimpleNamespace(attended_pairs=pairs_unclamped,
+                                                                         prefill_flops=make_wrong()),
+           expect="yours 0, the reference 1"),
+    Mutant("attended_pairs: / for //", SimpleNamespace(attended_pairs=pairs_float, prefill_flops=make_wrong()),
+           expect="your pair count is a float"),
+    Mutant("the paper's window hard-coded (128)", wrong(window=128), expect="it does not change with cfg.window"),
+    Mutant("the paper's 12 layers hard-coded", wrong(layers=12), expect="it does not change with cfg.n_layer"),
+    Mutant("n_head for n_layer", wrong(n_head_layers=True), expect="it changes with cfg.n_head"),
+    Mutant("4 head_dim per pair, not 4 C", wrong(per_head=True), expect="it changes with cfg.n_head"),
+    Mutant("SWA counted with an output token", wrong(swa_output_token=True),
+           expect="perf/bench.py's count for attn='orthros'"),
+    Mutant("the LM head left out", wrong(lm_head=0), expect="as if the LM head ran at 0 positions"),
 ]
 
 
 def cases(**options):
     found = []
+    calls = []
     for T in (1, 2, 3, 4, 5, 8, 100):
-        calls = [(T, None, None)] + [(T, w, None) for w in (1, 2, 3, 8)] + \
-                [(T, None, n_q) for n_q in sorted({1, 2, T // 2, T} & set(range(1, T + 1)))]
-        for T_, window, n_q in calls:
-            found.append(Case(
-                f"attended_pairs(T={T_}, window={window}, n_q={n_q})",
-                inputs=lambda T=T_, window=window, n_q=n_q: dict(T=T, window=window, n_q=n_q),
-                call=lambda answer, T, window, n_q: answer.attended_pairs(T, window, n_q),
-                invariant="query t sees t + 1 keys without a window and min(t + 1, w) with one; the sum over the "
-                          "last n_q queries (bench.attended_pairs)"))
+        calls += [(T, None, None)] + [(T, w, None) for w in (1, 2, 3, 8)] + \
+                 [(T, None, n_q) for n_q in sorted({1, 2, T // 2, T} & set(range(1, T + 1)))]
+    calls += [(T, 128, None) for T in (127, 128, 129, 300)] + [(300, None, n_q) for n_q in (1, 128, 300)]
+    for T, window, n_q in calls:
+        found.append(Case(
+            f"attended_pairs(T={T}, window={window}, n_q={n_q})" + (" (the paper's window)" if window == 128 else ""),
+            inputs=lambda T=T, window=window, n_q=n_q: dict(T=T, window=window, n_q=n_q),
+            call=lambda answer, T, window, n_q: answer.attended_pairs(T, window, n_q),
+            invariant=pairs_in_words(T, window, n_q)))
     for name, cfg in SIZES.items():
         for attn in ("transformer", "swa", "orthros"):
             for T, t_out in ((7, 7), (300, 1), (300, 40)):
@@ -121,16 +195,84 @@ def cases(**options):
                     invariant="perf/bench.py's FLOP counts (prefill, SFT, pre-training) are unchanged with your "
                               "attended_pairs", output="bench.forward_flops's count"))
     for name, cfg in SIZES.items():
-        for T in (1, 3, 4, 5, 100, 128, 129, 32768, 262144):
+        for T in (1, 3, 4, 5, 7, 8, 100, 127, 128, 129, 300, 32768, 262144):
             for attn in ("transformer", "swa", "orthros"):
                 found.append(Case(
                     f"prefill_flops(cfg, T={T}), {attn}, {name}",
                     inputs=lambda cfg=dataclasses.replace(cfg, attn=attn), T=T: dict(cfg=cfg, T=T),
-                    call=lambda answer, cfg, T: answer.prefill_flops(cfg, T),
+                    call=checked_flops,
                     invariant="exactly bench.forward_flops(cfg, T, 1): token-wise matrices on every token (Orthros: "
                               "T + 1), W_K, W_V on the T base tokens, 4C per attended pair, the LM head at one position",
                     expected=lambda cfg, T: bench.forward_flops(cfg, T, 1)))
     return found
+
+
+def pairs_in_words(T, window, n_q):
+    """What each counted query sees, summed, in words."""
+    n_q = T if n_q is None else n_q
+    rows = [t + 1 if window is None else min(t + 1, window) for t in range(T - n_q, T)]
+    rule = "t + 1 keys" if window is None else f"min(t + 1, w={window}) keys"
+    terms = " + ".join(map(str, rows)) if len(rows) <= 10 else f"{rows[0]} + {rows[1]} + ... + {rows[-1]}"
+    return (f"the last {n_q} of T={T} queries (t = {T - n_q} ... {T - 1}) each see {rule}: {terms} = "
+            f"{sum(rows)} (bench.attended_pairs)")
+
+
+def checked_flops(answer, cfg, T):
+    """The answer's count; when it is not perf/bench.py's, what it differs by, and which inputs it ignores
+    (or uses, where perf/bench.py's count does not)."""
+    mine = answer.prefill_flops(cfg, T)
+    right = bench.forward_flops(cfg, T, 1)
+    if mine == right:
+        return mine
+    C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
+    notes = [f"yours {mine:,}, perf/bench.py's {right:,}"]
+    try:
+        diff = int(mine - right)
+    except (TypeError, ValueError, OverflowError):
+        diff = None
+    for attn in ("transformer", "swa", "orthros"):
+        if attn != cfg.attn and mine == bench.forward_flops(dataclasses.replace(cfg, attn=attn), T, 1):
+            notes.append(f"yours is perf/bench.py's count for attn={attn!r}")
+    if diff and diff % (2 * C * V) == 0 and abs(diff // (2 * C * V)) <= T:
+        notes.append(f"it is off by exactly {diff // (2 * C * V):+} x 2 C V: as if the LM head ran at "
+                     f"{1 + diff // (2 * C * V)} positions (prefill: 1, the last)")
+    for field, changed in probes(cfg, T):
+        try:
+            theirs = answer.prefill_flops(changed, T)
+        except Exception:
+            continue
+        bench_changes = bench.forward_flops(changed, T, 1) != right
+        if bench_changes and theirs == mine:
+            notes.append(f"it does not change with cfg.{field} ({getattr(cfg, field)} -> {getattr(changed, field)}), "
+                         "which perf/bench.py's count does")
+        elif not bench_changes and theirs != mine:
+            notes.append(f"it changes with cfg.{field} ({getattr(cfg, field)} -> {getattr(changed, field)}), "
+                         "which perf/bench.py's count does not depend on")
+    raise Wrong("; ".join(notes) + ". perf/bench.py's count: " + breakdown(cfg, T))
+
+
+def probes(cfg, T):
+    """(field, cfg with that field changed) for each field a count could ignore or misuse."""
+    heads = 1 if cfg.n_head != 1 else 2
+    return [(field, dataclasses.replace(cfg, **{field: value})) for field, value in (
+        ("n_layer", cfg.n_layer + 1), ("n_embd", 2 * cfg.n_embd), ("n_head", heads),
+        ("vocab_size", cfg.vocab_size + 1), ("window", cfg.window + 1))]
+
+
+def breakdown(cfg, T):
+    C, L, V, w = cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.window
+    n_tokens = T + 1 if cfg.attn == "orthros" else T
+    if cfg.attn == "transformer":
+        pairs, which = bench.attended_pairs(T), f"{bench.attended_pairs(T):,} causal pairs"
+    else:
+        window_pairs = bench.attended_pairs(T, w)
+        pairs, which = window_pairs, f"{window_pairs:,} pairs in the window w={w}"
+        if cfg.attn == "orthros":
+            pairs += T
+            which += f" + {T:,} for the output token's full row"
+    return (f"per layer, token-wise 2 (10 C^2 x {n_tokens:,} tokens + 2 C^2 x {T:,} base tokens) = "
+            f"{2 * (10 * C * C * n_tokens + 2 * C * C * T):,} and attention 4 C x ({which}) = {4 * C * pairs:,}; "
+            f"times n_layer = {L}, plus the LM head 2 C V = {2 * C * V:,} (C = {C}, V = {V})")
 
 
 def patched_forward_flops(answer, cfg, T, t_out):
@@ -151,7 +293,7 @@ def timed(fn):
 
 def after_pass(answer, **options):
     """The FLOP limit of Orthros's prefill speedup (your count) next to a measured one on this CPU."""
-    cfg = SIZES["bench --tiny (2 x 128, w=16, V=4096)"]
+    cfg = SIZES["bench --tiny (2 x 128, 2 heads, w=16, V=4096)"]
     lines = ["Prefill, Orthros against the Transformer, at perf/bench.py's --tiny size (2 layers, C=128, w=16), "
              "float32, 1 CPU thread:", f"  {'T':>6} {'FLOP-limit speedup':>19} {'measured speedup':>17}"]
     models = {}
