@@ -70,7 +70,7 @@ BUGS = [
 ]
 
 
-# -- Further wrong answers the checker must reject (phase 2 adds more) -------------------------
+# -- Further wrong answers the checker must reject ---------------------------------------------
 
 def convert_in_place(transformer, window):
     transformer.config = dataclasses.replace(transformer.config, attn="orthros", window=window)
@@ -80,63 +80,124 @@ def convert_in_place(transformer, window):
 right_copy = student_side(make_bug().convert)   # it runs as part of the mutant
 
 
+def student_file(body):
+    """A whole student file: convert with this body."""
+    return ("import copy\nimport dataclasses\n\nimport torch\n\nfrom orthros import Orthros, OrthrosConfig\n\n\n"
+            "def convert(transformer, window):\n" + "".join(f"    {line}\n" for line in body.splitlines()))
+
+
+def solution_body(config="dataclasses.replace(transformer.config, attn='orthros', window=window)",
+                  model="Orthros(config).to(transformer.wte.weight.dtype)", state="transformer.state_dict()"):
+    return (f"config = {config}\nmodel = {model}\nmodel.load_state_dict({state}, strict=False)\n"
+            "with torch.no_grad():\n    for block in model.blocks:\n"
+            "        block.attn.alpha.fill_(1.0), block.attn.alpha_out.fill_(1.0)\n"
+            "        block.attn.beta.zero_(), block.attn.beta_out.zero_()\nreturn model")
+
+
 MUTANTS = [
     Mutant("orthros.py's conversion called", make_bug(reference=True),
            expect="your code called orthros.Orthros.load_transformer_weights"),
     Mutant("the Transformer's config changed", SimpleNamespace(convert=convert_in_place),
            expect="changed its input `transformer`: `transformer.config.window` was 32, now 4"),
+    Mutant("the stored solution imported", source="from exercises.solutions.ex05_conversion import convert\n",
+           expect="is not available to your code"),
+    Mutant("orthros.py's conversion kept at import time",
+           source=student_file("model = Orthros(dataclasses.replace(transformer.config, attn='orthros', window=window))\n"
+                               "_load(model, transformer.state_dict())\nreturn model.to(transformer.wte.weight.dtype)")
+           + "\n\n_load = Orthros.load_transformer_weights\n",
+           expect="holds orthros.Orthros.load_transformer_weights"),
+    Mutant("the model made float64", source=student_file(solution_body(model="Orthros(config).double()")),
+           expect="has dtype torch.float64, expected torch.float32"),
+    Mutant("the Transformer cast to float64 in place", source=student_file(solution_body(
+        model="Orthros(config).double()", state="transformer.double().state_dict()")),
+        expect="changed its input `transformer`"),
+    Mutant("the Transformer put in eval mode", source=student_file(solution_body(
+        state="transformer.eval().state_dict()")), expect="`transformer.training` was True, now False"),
+    Mutant("the config rebuilt from the fields that seemed to matter", source=student_file(solution_body(config=(
+        "OrthrosConfig(vocab_size=transformer.config.vocab_size, n_layer=transformer.config.n_layer, "
+        "n_head=transformer.config.n_head, n_embd=transformer.config.n_embd, window=window, attn='orthros', "
+        "max_seq_len=transformer.config.max_seq_len)"))), expect="rope_base"),
+    Mutant("the paper's window written in", source=student_file(solution_body(
+        config="dataclasses.replace(transformer.config, attn='orthros', window=128)")), expect="at ['window']"),
+    Mutant("a deep copy of the Transformer, relabelled", source=student_file(
+        "model = copy.deepcopy(transformer)   # every weight copied, the names kept\n"
+        "model.config = dataclasses.replace(transformer.config, attn='orthros', window=window)\nreturn model"),
+        expect="your model's scale-offsets"),
 ]
 
 
 def cases(**options):
     transformer = tiny_model("transformer", randomize=False, window=32)
     conv = tiny_model("transformer", randomize=False, window=32, conv_kernel=3, seed=1)
+    other = tiny_model("transformer", randomize=False, seed=2, vocab_size=41, n_layer=3, n_head=4, n_embd=48,
+                       rope_base=500.0, dropout=0.1, swa_impl="dense", max_seq_len=300).train()
+    about_other = ("another Transformer: n_layer=3, n_head=4, C=48, rope_base=500.0, dropout=0.1, swa_impl='dense', "
+                   "max_seq_len=300, in train mode")
     idx = tokens(2, 24)
-    found = [
-        Case("dataclasses.asdict(convert(transformer, window=4).config)",
-             inputs=lambda: dict(transformer=transformer, window=4),
+    found = structure(transformer, 4)
+    for model, what in ((transformer, "the Transformer"), (conv, "a Transformer with conv_kernel=3")):
+        for t_out in (24, 5):
+            found.append(logits_case(model, what, 32, idx, t_out))
+    found.append(logits_case(transformer, "the Transformer", 4, idx, 24))
+    # One dimension at a time, each named in the case: what an answer could have written in
+    found += structure(transformer, 4, "a float32 Transformer", dtype=torch.float32)[1:2]
+    found.append(logits_case(transformer, "a float32 Transformer", 32, idx, 5, dtype=torch.float32))
+    found += structure(other, 5, about_other)
+    found.append(logits_case(other, about_other, 5, tokens(3, 24, vocab=41), 24))
+    # The paper's sizes: w = 128 over T = 300
+    found.append(logits_case(transformer, "the Transformer", 128, tokens(2, 300), 300))
+    return found
+
+
+def structure(transformer, window, about="the Transformer", dtype=None):
+    """The converted model's config, weights, scale-offsets and storage, each a case."""
+    call = f"convert(transformer, window={window}), transformer: {about}"
+    invariant = "" if dtype is None else f", {str(dtype).replace('torch.', '')} here"
+    return [
+        Case(f"dataclasses.asdict(model.config), model = {call}",
+             inputs=lambda: dict(transformer=transformer, window=window),
              call=lambda answer, transformer, window: dataclasses.asdict(converted(answer, transformer, window).config),
              invariant="the Transformer's config with attn='orthros' and the new window; nothing else changes",
              expected=lambda transformer, window: dataclasses.asdict(
                  dataclasses.replace(transformer.config, attn="orthros", window=window)),
-             output="your model's config"),
-        Case("the converted model's state dict, at the Transformer's names: convert(transformer, window=4)",
-             inputs=lambda: dict(transformer=transformer, window=4),
+             output="your model's config", dtype=dtype),
+        Case(f"the converted model's state dict, at the Transformer's names: model = {call}",
+             inputs=lambda: dict(transformer=transformer, window=window),
              call=lambda answer, transformer, window: shared_weights(converted(answer, transformer, window), transformer),
-             invariant="every Transformer weight is copied exactly, under its own name, in its dtype (a pure "
-                       "weight copy)",
+             invariant="every Transformer weight is copied exactly, under its own name, in its dtype (a pure weight "
+                       f"copy{invariant})",
              expected=lambda transformer, window: {k: w.clone() for k, w in transformer.state_dict().items()},
-             output="your model's state dict"),
-        Case("the converted model's scale-offsets (the names the Transformer lacks): convert(transformer, window=4)",
-             inputs=lambda: dict(transformer=transformer, window=4),
+             output="your model's state dict", dtype=dtype),
+        Case(f"the converted model's scale-offsets (the names the Transformer lacks): model = {call}",
+             inputs=lambda: dict(transformer=transformer, window=window),
              call=lambda answer, transformer, window: new_parameters(converted(answer, transformer, window), transformer),
              invariant="the scale-offsets start at the identity, alpha = alpha' = 1, beta = beta' = 0 (as "
                        "orthros.py's load_transformer_weights leaves them)",
              expected=lambda transformer, window: new_parameters(reference_conversion(transformer, window), transformer),
-             output="your model's scale-offsets"),
-        Case("which of the converted model's tensors share memory with the Transformer's: convert(transformer, window=4)",
-             inputs=lambda: dict(transformer=transformer, window=4),
+             output="your model's scale-offsets", dtype=dtype),
+        Case(f"which of the converted model's tensors share memory with the Transformer's: model = {call}",
+             inputs=lambda: dict(transformer=transformer, window=window),
              call=lambda answer, transformer, window: sharing(converted(answer, transformer, window), transformer),
              invariant="the converted model owns copies: training it must leave the Transformer unchanged",
-             holds=lambda shared: f"{len(shared)} tensors are the Transformer's own, e.g. {shared[0]}" if shared else None),
+             holds=lambda shared: f"{len(shared)} tensors are the Transformer's own, e.g. {shared[0]}" if shared else None,
+             dtype=dtype),
     ]
-    for model, what in ((transformer, "the Transformer"), (conv, "a Transformer with conv_kernel=3")):
-        for t_out in (24, 5):
-            found.append(Case(
-                f"convert(transformer, window=32)(idx, t_out={t_out})[0], idx of shape (2, 24), {what}",
-                inputs=lambda model=model, t_out=t_out: dict(transformer=model, window=32, idx=idx, t_out=t_out),
-                call=converted_logits,
-                invariant="with w >= T and identity scale-offsets, Orthros gives the Transformer's logits", atol=1e-12,
-                expected=lambda transformer, window, idx, t_out: logits(transformer, idx, t_out),
-                output="your model's logits"))
-    found.append(Case(
-        "convert(transformer, window=4)(idx)[0], idx of shape (2, 24)",
-        inputs=lambda: dict(transformer=transformer, window=4, idx=idx, t_out=24),
-        call=converted_logits,
-        invariant="with w < T the converted model computes what orthros.py's own conversion computes", atol=1e-12,
-        expected=lambda transformer, window, idx, t_out: logits(reference_conversion(transformer, window), idx, t_out),
-        output="your model's logits"))
-    return found
+
+
+def logits_case(model, what, window, idx, t_out, dtype=None):
+    B, T = idx.shape
+    if window >= T:
+        invariant, expected = "with w >= T and identity scale-offsets, Orthros gives the Transformer's logits", \
+            lambda transformer, window, idx, t_out: logits(transformer.eval(), idx, t_out)
+    else:
+        invariant, expected = "with w < T the converted model computes what orthros.py's own conversion computes", \
+            lambda transformer, window, idx, t_out: logits(reference_conversion(transformer, window), idx, t_out)
+    exact = "in float64, to 1e-12" if dtype is None else "in float32, to 1e-5"
+    return Case(
+        f"convert(transformer, window={window})(idx, t_out={t_out})[0], idx of shape ({B}, {T}), transformer: {what}",
+        inputs=lambda: dict(transformer=model, window=window, idx=idx, t_out=t_out),
+        call=converted_logits, invariant=f"{invariant} ({exact})", atol=1e-12 if dtype is None else 1e-5,
+        expected=expected, output="your model's logits", dtype=dtype)
 
 
 def converted(answer, transformer, window):
@@ -157,7 +218,8 @@ def logits(model, idx, t_out):
 
 
 def reference_conversion(transformer, window):
-    model = Orthros(dataclasses.replace(transformer.config, attn="orthros", window=window)).double()
+    model = Orthros(dataclasses.replace(transformer.config, attn="orthros", window=window))
+    model = model.to(transformer.wte.weight.dtype)
     model.load_transformer_weights(transformer.state_dict())
     return model.eval()
 
