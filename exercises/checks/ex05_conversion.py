@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import torch
 
-from exercises.framework import Bug, Case, Mutant, student_side, tiny_model, tokens, using
+from exercises.framework import Bug, Case, Mutant, Wrong, student_side, tiny_model, tokens, using
 from exercises.solutions import ex05_conversion as solution
 from orthros import Orthros
 
@@ -113,6 +113,8 @@ MUTANTS = [
         expect="changed its input `transformer`"),
     Mutant("the Transformer put in eval mode", source=student_file(solution_body(
         state="transformer.eval().state_dict()")), expect="`transformer.training` was True, now False"),
+    Mutant("the Transformer frozen", source=student_file(solution_body(
+        state="transformer.requires_grad_(False).state_dict()")), expect="`transformer.wte.weight.requires_grad` was True, now False"),
     Mutant("the config rebuilt from the fields that seemed to matter", source=student_file(solution_body(config=(
         "OrthrosConfig(vocab_size=transformer.config.vocab_size, n_layer=transformer.config.n_layer, "
         "n_head=transformer.config.n_head, n_embd=transformer.config.n_embd, window=window, attn='orthros', "
@@ -201,7 +203,12 @@ def logits_case(model, what, window, idx, t_out, dtype=None):
 
 
 def converted(answer, transformer, window):
+    trainable = {name: p.requires_grad for name, p in transformer.named_parameters()}
     model = answer.convert(transformer, window)   # its form (an Orthros) is checked on return
+    for name, p in transformer.named_parameters():   # what the inputs' check (weights by value) does not see
+        if p.requires_grad != trainable.get(name, p.requires_grad):
+            raise Wrong(f"your convert changed its input `transformer`: `transformer.{name}.requires_grad` was "
+                        f"{trainable[name]}, now {p.requires_grad}")
     with using("your model's .eval()"):
         return model.eval()
 
