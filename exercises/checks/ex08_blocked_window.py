@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import orthros
-from exercises.framework import Bug, Case, Mutant, patched, randn, tiny_model, tokens
+from exercises.framework import (Bug, Case, Mutant, Wrong, difference, patched, randn, student_side,
+                                 tiny_model, tokens)
 
 TITLE = "The sliding window in O(T w)"
 DIFFICULTY = 4
@@ -83,17 +84,47 @@ BUGS = [
 ]
 
 
-# -- Cases --------------------------------------------------------------------------------------
+# -- Further wrong answers the checker must reject ----------------------------------------------
 
-SIZES = [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (3, 8), (8, 4), (9, 4), (21, 8), (32, 8), (64, 64), (100, 7)]
-EQ4 = "equal to orthros.reference_attention: query t attends exactly keys t-w+1 ... t (eq. 4)"
+@student_side   # runs as the mutants' code
+def student_window(q, k, v, window, dropout_p=0.0, block=None, mask_window=None, scaled=True, view=False,
+                   on_cpu=False, use_dropout=True, in_float64=False):
+    """A student's blocked window, right unless told otherwise: block (the block size), mask_window (the
+    window of the mask), scaled=False (a hand-written softmax without 1/sqrt(D)), view=True (q.view when
+    T is whole blocks), on_cpu (the positions made on the CPU), use_dropout=False, in_float64."""
+    if in_float64:
+        q, k, v = q.double(), k.double(), v.double()
+    B, H, T, D = q.shape
+    w = block or window
+    n = math.ceil(T / w)
+    pad = n * w - T
+    q = (F.pad(q, (0, 0, 0, pad)) if pad else q).view(B * H, n, w, D) if view else \
+        F.pad(q, (0, 0, 0, pad)).reshape(B * H, n, w, D)
+    k = F.pad(k, (0, 0, w, pad)).reshape(B * H, n + 1, w, D)
+    v = F.pad(v, (0, 0, w, pad)).reshape(B * H, n + 1, w, D)
+    k, v = torch.cat([k[:, :-1], k[:, 1:]], dim=2), torch.cat([v[:, :-1], v[:, 1:]], dim=2)
+    device = "cpu" if on_cpu else q.device
+    blk = torch.arange(n, device=device)[:, None, None]
+    q_pos = blk * w + torch.arange(w, device=device)[None, :, None]
+    k_pos = (blk - 1) * w + torch.arange(2 * w, device=device)[None, None, :]
+    mask = orthros.in_window(q_pos, k_pos, mask_window or window) & (k_pos >= 0)
+    p = dropout_p if use_dropout else 0.0
+    if scaled:
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+    else:
+        scores = (q @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf"))
+        y = F.dropout(torch.softmax(scores, dim=-1), p) @ v
+    return y.reshape(B, H, n * w, D)[:, :, :T]
 
-
-# -- Further wrong answers the checker must reject (phase 2 adds more) -------------------------
 
 def scaled_in_place(q, k, v, window, dropout_p=0.0):
     q.mul_(2.0)                                    # changes the caller's q ...
     return REFERENCE.blocked_sliding_window_attention(q / 2.0, k, v, window, dropout_p)   # ... right numbers
+
+
+def wrong(**how):
+    return SimpleNamespace(blocked_sliding_window_attention=lambda q, k, v, window, dropout_p=0.0:
+                           student_window(q, k, v, window, dropout_p, **how))
 
 
 MUTANTS = [
@@ -101,20 +132,65 @@ MUTANTS = [
                                                          lambda q, k, v, window, dropout_p=0.0:
                                                          orthros.reference_attention(q, k, v, window, dropout_p)),
            expect="your code called orthros.reference_attention"),
+    Mutant("fast_reference_attention captured at import",
+           source="import orthros\n\n_attention = orthros.fast_reference_attention\n\n\n"
+                  "def blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):\n"
+                  "    return _attention(q, k, v, window, 'dense', dropout_p)\n",
+           expect="holds orthros.fast_reference_attention"),
     Mutant("q changed in place", SimpleNamespace(blocked_sliding_window_attention=scaled_in_place),
            expect="changed its input `q` in place"),
+    Mutant("the paper's window hard-coded (128)", wrong(block=128, mask_window=128),
+           expect="query 1 (your first wrong row) is the attention over keys 0 ... 1; eq. 4 with window=1 gives it keys 1 ... 1"),
+    Mutant("blocks of the paper's 128 keys, whatever the window", wrong(block=128),
+           expect="eq. 4 with window=200 gives it keys"),
+    Mutant("the scores not scaled by 1/sqrt(D)", wrong(scaled=False), expect="scores scaled by 1, not 1/sqrt(D)"),
+    Mutant("dropout_p not passed on", wrong(use_dropout=False), expect="equals the output without dropout"),
+    Mutant("computed in float64 (.double())", wrong(in_float64=True),
+           expect="your output has dtype torch.float64, expected torch.float32"),
+    Mutant("the positions made on the CPU", wrong(on_cpu=True), expect="is not on the expected device meta"),
+    Mutant("q.view when T is whole blocks", wrong(view=True), expect="view size is not compatible"),
 ]
+
+
+# -- Cases --------------------------------------------------------------------------------------
+
+SIZES = [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (3, 8), (8, 4), (9, 4), (21, 8), (32, 8), (64, 64), (100, 7)]
+EQ4 = "equal to orthros.reference_attention: query t attends exactly keys t-w+1 ... t (eq. 4)"
+# (T, w, (B, H, D), what else), after SIZES: another shape, float32, inputs that are views (as the model's
+# q, k, v are), the paper's window, a window above it
+MORE = [(6, 4, (1, 1, 6), {}), (9, 4, (2, 3, 4), dict(dtype=torch.float32)),
+        (12, 4, (3, 2, 8), dict(views=True)), (300, 128, (1, 2, 8), {}), (300, 200, (1, 1, 4), {})]
+
+
+def qkv(B, H, T, D, seed, views=False):
+    """q, k, v: (B, H, T, D) float64; views=True: transposed views of (B, T, H, D) tensors, not contiguous."""
+    if views:
+        return {name: randn(B, T, H, D, seed=seed + i).transpose(1, 2) for i, name in enumerate("qkv")}
+    return {name: randn(B, H, T, D, seed=seed + i) for i, name in enumerate("qkv")}
 
 
 def cases(**options):
     found = []
-    for T, w in SIZES:
+    forward = [(T, w, (2, 3, 4), {}) for T, w in SIZES] + MORE
+    for T, w, (B, H, D), more in forward:
+        dtype, views = more.get("dtype"), more.get("views", False)
         found.append(Case(
-            f"blocked_sliding_window_attention(q, k, v, window={w}), q, k, v of shape (2, 3, {T}, 4)",
-            inputs=lambda T=T, w=w: dict(zip("qkv", (randn(2, 3, T, 4, seed=T * 100 + w + i) for i in range(3))), window=w),
-            call=lambda answer, q, k, v, window: answer.blocked_sliding_window_attention(q, k, v, window),
-            invariant=EQ4 + ", forward", atol=1e-12,
+            f"blocked_sliding_window_attention(q, k, v, window={w}), q, k, v of shape ({B}, {H}, {T}, {D})" +
+            (", float32" if dtype else "") + (", transposed views of (B, T, H, D) tensors (not contiguous), as the "
+                                              "model passes them" if views else "") +
+            (" (the paper's window)" if w == 128 else ""),
+            inputs=lambda T=T, w=w, B=B, H=H, D=D, views=views: dict(**qkv(B, H, T, D, T * 100 + w, views), window=w),
+            call=explained, dtype=dtype,
+            invariant=EQ4 + ", forward", atol=1e-5 if dtype else 1e-12,
             expected=lambda q, k, v, window: orthros.reference_attention(q, k, v, window)))
+    found.append(Case(
+        "blocked_sliding_window_attention(q, k, v, window=4, dropout_p=0.5) right after torch.manual_seed(0), "
+        "q, k, v of shape (2, 3, 9, 4)",
+        inputs=lambda: dict(**qkv(2, 3, 9, 4, 7), window=4, dropout_p=0.5),
+        call=with_dropout, atol=1e-12,
+        invariant="orthros.py's output under the same seed: dropout on the attention weights, the dropout_p passed on "
+                  "to scaled_dot_product_attention (one call over all the blocks, (B*H, n, w, 2w) weights as in hint 2, "
+                  "draws the mask orthros.py's draws)"))
     for T, w in SIZES[2::2]:
         found.append(Case(
             f"the gradients of (blocked_sliding_window_attention(q, k, v, window={w}) * dy).sum() with respect to "
@@ -143,7 +219,76 @@ def cases(**options):
         holds=lambda n: None if n <= 8 * T * w else f"your largest tensor holds {n:,} elements = "
         f"{n / (T * w):.0f} T w; the limit is 8 T w = {8 * T * w:,}", output="the size of your largest tensor",
         trace=False))   # a property: no reference run needed (the forms were checked at every size above)
+    found.append(Case(
+        "blocked_sliding_window_attention(q, k, v, window=128) on the meta device, q, k, v of shape (2, 6, 300, 128): "
+        "the paper's heads and head size",
+        inputs=lambda: dict(**{name: torch.empty(2, 6, 300, 128) for name in "qkv"}, window=128),
+        call=lambda answer, q, k, v, window: answer.blocked_sliding_window_attention(q, k, v, window),
+        invariant="the output is made where q is (here: meta, where only shapes exist), its shape (B, H, T, D)",
+        device="meta"))
     return found
+
+
+def explained(answer, q, k, v, window):
+    """The answer's output; when it is not eq. 4's, which keys its first wrong query row attends."""
+    out = answer.blocked_sliding_window_attention(q, k, v, window)
+    if out.device.type == "meta":
+        return out
+    atol = 1e-5 if q.dtype == torch.float32 else 1e-12
+    right = orthros.reference_attention(q, k, v, window)
+    problem = difference(out, right, atol)
+    if problem is None:
+        return out
+    raise Wrong(f"{problem}\n  what yours computes: {first_wrong_row(out, q, k, v, window, atol)}")
+
+
+def with_dropout(answer, q, k, v, window, dropout_p):
+    torch.manual_seed(0)
+    out = answer.blocked_sliding_window_attention(q, k, v, window, dropout_p)
+    if out.device.type != "meta" and difference(out, orthros.reference_attention(q, k, v, window), 1e-12) is None:
+        raise Wrong(f"your output with dropout_p={dropout_p} equals the output without dropout: pass dropout_p on "
+                    "to scaled_dot_product_attention")
+    return out
+
+
+def first_wrong_row(out, q, k, v, window, atol):
+    """Which keys (a run of consecutive ones, perhaps with zero keys: unmasked padding) and which score scale
+    the first wrong query row of out is the attention over, in words."""
+    o, q, k, v = (x.detach().double() for x in (out, q, k, v))
+    B, H, T, D = q.shape
+    err = (o - orthros.reference_attention(q, k, v, window)).abs().nan_to_num(nan=math.inf).amax(dim=(0, 1, 3))
+    t = int((err > atol).nonzero()[0])
+    first, row = max(0, t - window + 1), o[:, :, t]
+    runs = [(a, e) for e in range(T) for a in range(e + 1)]
+    starts, ends = torch.tensor([a for a, _ in runs]), torch.tensor([e for _, e in runs]) + 1
+    tol = 1e-3 if out.dtype == torch.float32 else 1e-6
+    pads = range(window + 1) if T <= 64 else [0]
+    for scale, scale_name in ((1 / math.sqrt(D), None), (1.0, "1"), (1 / D, "1/D")):
+        scores = (q[:, :, t, None, :] * k).sum(-1) * scale                   # (B, H, T)
+        top = scores.amax(-1, keepdim=True)
+        weights = (scores - top).exp()
+        num = F.pad((weights[..., None] * v).cumsum(2), (0, 0, 1, 0))        # (B, H, T + 1, D)
+        den = F.pad(weights.cumsum(-1), (1, 0))                              # (B, H, T + 1)
+        num, den = num[:, :, ends] - num[:, :, starts], den[:, :, ends] - den[:, :, starts]
+        for pad in pads:
+            candidates = num / (den + pad * (-top).exp())[..., None]           # (B, H, runs, D)
+            gap = (candidates - row[:, :, None]).abs().amax(dim=(0, 1, 3))
+            best = int(gap.argmin())
+            if gap[best] > tol:
+                continue
+            a, e = runs[best]
+            if (a, e, pad, scale_name) == (first, t, 0, None):
+                rounding = " (about float32's rounding: is part of it computed in float32?)" \
+                    if out.dtype == torch.float64 and err[t] > 1e-10 else ""
+                return (f"query {t} (your first wrong row) attends the right keys, {a} ... {e}, but differs by up to "
+                        f"{err[t]:.3g}{rounding}")
+            what = f"query {t} (your first wrong row) is the attention over keys {a} ... {e}"
+            what += f" and {pad} zero key(s) (padding left unmasked)" if pad else ""
+            what += f", its scores scaled by {scale_name}, not 1/sqrt(D)" if scale_name else ""
+            return what + f"; eq. 4 with window={window} gives it keys {first} ... {t}"
+    zero = " (it is all zeros)" if not row.abs().max() else ""
+    return (f"query {t} (your first wrong row) is not the attention over any run of consecutive keys{zero}; eq. 4 "
+            f"with window={window} gives it keys {first} ... {t}")
 
 
 def grads(fn, q, k, v, dy, w):
