@@ -1,13 +1,15 @@
 """Exercise 9, the KV-cache decode step: the checker, hints and known bugs."""
 
+import copy
 import inspect
 from types import SimpleNamespace
 
 import torch
 
-from exercises.framework import Bug, Case, Mutant, tiny_model, tokens
+import orthros
+from exercises.framework import Bug, Case, Mutant, Wrong, patched, short, student_side, tiny_model, tokens
 from exercises.solutions import ex09_decode_step as solution
-from orthros import Orthros, rope_cos_sin
+from orthros import KVCache, LayerCache, Orthros, OrthrosConfig, rope_cos_sin
 from perf import engine
 
 TITLE = "The KV-cache decode step"
@@ -70,7 +72,7 @@ def make_bug(no_cache=False, position_shift=0, keep_window=False, flat_logits=Fa
     def decode_step(model, next_idx, cache):
         x = model.wte(next_idx.reshape(-1, 1))
         z = torch.cat([x, x], dim=1) if model.config.attn == "orthros" else x
-        position = torch.full((z.size(1),), cache.length + position_shift)
+        position = torch.full((z.size(1),), cache.length + position_shift, device=x.device)
         rope = rope_cos_sin(position, model.config.n_embd // model.config.n_head, model.config.rope_base,
                             model.wte.weight.dtype)
         with torch.no_grad():
@@ -96,7 +98,36 @@ BUGS = [
 ]
 
 
-# -- Further wrong answers the checker must reject (phase 2 adds more) -------------------------
+# -- Further wrong answers the checker must reject ----------------------------------------------
+
+@student_side   # runs as the mutants' code
+def student_step(model, next_idx, cache, base=None, head_dim=None, as_double=False, column=False, squeeze=False,
+                 one_token=False, twins_always=False, keep_length=False, on_cpu=False):
+    """A student's decode step, right unless told otherwise."""
+    c = model.config
+    if squeeze:
+        x = model.wte(next_idx.squeeze()).unsqueeze(1)              # (B,) and (B, 1) alike, but B = 1: a 0-d index
+    elif column:
+        x = model.wte(next_idx)[:, None]                            # right for (B,), (B, 1, 1, C) for (B, 1)
+    else:
+        x = model.wte(next_idx.reshape(-1, 1))
+    z = torch.cat([x, x], dim=1) if (c.attn == "orthros" or twins_always) and not one_token else x
+    S = cache.length
+    position = torch.full((z.size(1),), S, device="cpu" if on_cpu else x.device)
+    rope = rope_cos_sin(position, head_dim(c) if head_dim else c.n_embd // c.n_head, base or c.rope_base,
+                        model.wte.weight.dtype)
+    with torch.no_grad():
+        for block, layer in zip(model.blocks, cache.layers):
+            z = block(z, 1, rope, layer)
+        if not keep_length:
+            cache.length = S + 1
+        logits = model.lm_head(model.ln_f(z[:, -1:]))
+        return (logits.double() if as_double else logits), cache
+
+
+def wrong(**how):
+    return SimpleNamespace(decode_step=lambda model, next_idx, cache: student_step(model, next_idx, cache, **how))
+
 
 MUTANTS = [
     Mutant("logits of shape (B, vocab)", make_bug(flat_logits=True),
@@ -104,24 +135,66 @@ MUTANTS = [
     Mutant("the model's own decode called",
            SimpleNamespace(decode_step=lambda model, next_idx, cache: model.decode(next_idx, cache)),
            expect="your code called orthros.Orthros.decode"),
+    Mutant("Orthros.forward captured at import",
+           source="from orthros import Orthros\n\n_forward = Orthros.forward\n\n\n"
+                  "def decode_step(model, next_idx, cache):\n"
+                  "    return _forward(model, next_idx.reshape(-1, 1), t_out=1, cache=cache)[0], cache\n",
+           expect="holds orthros.Orthros.forward"),
+    Mutant("rope_base hard-coded (10000)", wrong(base=10000.0), expect="rope_base 10000.0 (config.rope_base is 500.0)"),
+    Mutant("head_dim from n_layer", wrong(head_dim=lambda c: c.n_embd // c.n_layer),
+           expect="must match the size of tensor b (8)"),
+    Mutant("an output twin for SWA too", wrong(twins_always=True), expect="right keys and values at every layer"),
+    Mutant("the logits in float64 (.double())", wrong(as_double=True),
+           expect="your logits have dtype torch.float64, expected torch.float32"),
+    Mutant("next_idx of shape (B, 1) made (B, 1, 1, C)", wrong(column=True), expect="next_idx of shape (2, 1)"),
+    Mutant("next_idx.squeeze() (a 0-d index when B = 1)", wrong(squeeze=True), expect="next_idx of shape (1,)"),
+    Mutant("Orthros's output twin left out", wrong(one_token=True), expect="right keys and values at every layer"),
+    Mutant("cache.length not advanced", wrong(keep_length=True), expect="cache.length is 12; it must become 13"),
+    Mutant("the positions made on the CPU", wrong(on_cpu=True), expect="is not on the expected device meta"),
 ]
 
 
+# -- Cases --------------------------------------------------------------------------------------
+
+MODELS = {   # name: (attn, overrides, dtype)
+    "attn='orthros'": ("orthros", {}, None),
+    "attn='orthros', conv_kernel=3": ("orthros", dict(conv_kernel=3), None),
+    "attn='swa'": ("swa", {}, None),
+    "attn='transformer'": ("transformer", {}, None),
+    "attn='orthros', 3 layers, 4 heads, n_embd=24, w=3, rope_base=500.0, dropout=0.1 (eval mode), vocab_size=50, "
+    "conv_kernel=2, seed 1": ("orthros", dict(n_layer=3, n_head=4, n_embd=24, window=3, rope_base=500.0, dropout=0.1,
+                                              vocab_size=50, conv_kernel=2, seed=1), None),
+    "attn='orthros', float32": ("orthros", dict(seed=2), torch.float32),
+}
+T = 13
+# (p, models, batch, next_idx as (B, 1)): the fewest decode steps first
+RUNS = [(12, list(MODELS), 2, False), (12, ["attn='orthros'"], 2, True), (12, ["attn='orthros'"], 1, False),
+        (11, list(MODELS)[4:5], 3, True), (9, list(MODELS)[:4], 2, False), (4, list(MODELS)[:3] + list(MODELS)[4:], 2, False),
+        (1, list(MODELS)[:3], 2, False), (1, list(MODELS)[4:5], 2, True)]
+PAPER = dict(n_layer=12, n_embd=768, n_head=6, vocab_size=50304, window=128)
+
+
 def cases(**options):
-    T = 13
-    models = {"attn='orthros'": tiny_model("orthros"), "attn='orthros', conv_kernel=3": tiny_model("orthros", conv_kernel=3),
-              "attn='swa'": tiny_model("swa")}
+    models = {}
+    for name, (attn, overrides, dtype) in MODELS.items():
+        overrides = dict(overrides)
+        models[name] = tiny_model(attn, seed=overrides.pop("seed", 0), **overrides)
     found = []
-    for p in (12, 11, 9, 5, 4, 1):
-        for name, model in models.items():
+    for p, names, B, column in RUNS:
+        for name in names:
+            dtype = MODELS[name][2]
+            shape = f"({B}, 1)" if column else f"({B},)"
             found.append(Case(
-                f"prefill(idx[:, :{p}]), then {T - p} decode_step(s) with the tokens idx[:, {p}:]; idx of shape "
-                f"(2, {T}), {name}, w=4, 2 layers",
-                inputs=lambda model=model, p=p: dict(model=model, idx=tokens(2, T), p=p),
-                call=lambda answer, model, idx, p: decoded(answer, model, idx, p)[0],
+                f"prefill(idx[:, :{p}]), then {T - p} decode_step(s) with the tokens idx[:, {p}:], each as next_idx of "
+                f"shape {shape}; idx of shape ({B}, {T}), {name}, w={models[name].config.window}, "
+                f"{models[name].config.n_layer} layers" + (", float32" if dtype else ""),
+                inputs=lambda model=models[name], p=p, B=B, column=column: dict(model=model, idx=tokens(B, T, seed=B),
+                                                                                p=p, column=column),
+                call=lambda answer, model, idx, p, column: decoded(answer, model, idx, p, column)[0], dtype=dtype,
                 invariant="train == decode: the logits of each decode step equal those of one training forward "
-                          "over the whole sequence, at positions p ... T-1",
-                atol=1e-10, expected=training_logits, output="your logits of the decode steps"))
+                          "over the whole sequence, at positions p ... T-1; after each step the cache holds the keys "
+                          "and values of every position so far, and cache.length is the next token's position",
+                atol=1e-5 if dtype else 1e-10, expected=training_logits, output="your logits of the decode steps"))
     found.append(Case(
         f"the cache after prefill(idx[:, :1]) and {T - 1} decode steps: cache.layers[l].k, .v (and .conv_state) "
         "for each layer, then cache.length; attn='orthros', conv_kernel=3",
@@ -129,21 +202,139 @@ def cases(**options):
         call=lambda answer, model, idx, p: cache_contents(decoded(answer, model, idx, p)[1]),
         invariant="the cache keeps every position: it equals the cache of prefill(idx) over the whole sequence",
         atol=1e-10, expected=lambda model, idx, p: cache_contents(model.prefill(idx)[1]), output="your cache's tensors"))
+    found.append(Case(
+        "a decode_step on the meta device after 300 positions (a KVCache whose layers hold k, v of shape (2, 6, 300, "
+        "128), cache.length = 300): the paper's model (12 layers, n_embd 768, 6 heads, vocab_size 50304, w=128), "
+        "next_idx of shape (2,)",
+        inputs=lambda: dict(model=Orthros(OrthrosConfig(**PAPER)).eval(), next_idx=torch.zeros(2, dtype=torch.long)),
+        call=decoded_on_meta,
+        invariant="the logits (B, 1, vocab) made where the model is (here: meta, where only shapes exist)",
+        device="meta"))
     return found
 
 
-def decoded(answer, model, idx, p):
+def decoded_on_meta(answer, model, next_idx, S=300):
+    """One decode step of the paper's model on the meta device, after a cache of S positions made by hand
+    (a prefill on meta would cost seconds: every meta operation runs in Python)."""
+    cache = KVCache(model, next_idx.size(0))
+    for layer in cache.layers:
+        layer.k, layer.v = (torch.empty(next_idx.size(0), model.config.n_head, S,
+                                        model.config.n_embd // model.config.n_head, device=next_idx.device)
+                            for _ in range(2))
+    cache.length = S
+    # NOTE: orthros.activation_dtype asks torch.is_autocast_enabled("meta"), which raises (torch 2.13): on
+    # the meta device, where nothing autocasts, the activations' dtype is the weights'.
+    with patched(orthros, activation_dtype=lambda weight: weight.dtype):
+        return answer.decode_step(model, next_idx, cache)[0]
+
+
+def decoded(answer, model, idx, p, column=False):
     """The logits of the student's decode steps after prefill(idx[:, :p]) (a list, one (B, 1, vocab)
-    per step), and the final cache."""
+    per step), and the final cache. After each step of an answer, its logits and its cache are compared
+    with the stored solution's step from the same cache: the first wrong step is reported."""
     _, cache = model.prefill(idx[:, :p])
+    explain = inspect.unwrap(answer.decode_step) is not solution.decode_step and idx.device.type != "meta"
+    if explain:
+        with torch.no_grad():
+            full = model(idx)[0]
     steps = []
     for t in range(p, idx.size(1)):
-        logits, cache = answer.decode_step(model, idx[:, t], cache)   # their form is checked on return
+        before = snapshot(cache) if explain else None
+        next_idx = idx[:, t:t + 1] if column else idx[:, t]
+        logits, cache = answer.decode_step(model, next_idx, cache)   # their form is checked on return
         steps.append(logits)
+        if explain:
+            problem = step_problem(model, next_idx, before, logits, cache, full[:, t:t + 1], t - p + 1)
+            if problem:
+                raise Wrong(problem)
     return steps, cache
 
 
-def training_logits(model, idx, p):
+def snapshot(cache):
+    """A copy of a KVCache whose tensors a step cannot change."""
+    copied = copy.copy(cache)
+    copied.layers = []
+    for layer in cache.layers:
+        new = LayerCache()
+        for name, value in vars(layer).items():
+            setattr(new, name, value.clone() if isinstance(value, torch.Tensor) else value)
+        copied.layers.append(new)
+    return copied
+
+
+def reference_step(model, next_idx, cache, shift=0, base=None):
+    """The stored solution's step, or the step with RoPE at another position or base."""
+    x = model.wte(next_idx.reshape(-1, 1))
+    z = torch.cat([x, x], dim=1) if model.config.attn == "orthros" else x
+    position = torch.full((z.size(1),), cache.length + shift, device=x.device)
+    rope = rope_cos_sin(position, model.config.n_embd // model.config.n_head, base or model.config.rope_base,
+                        model.wte.weight.dtype)
+    with torch.no_grad():
+        for block, layer in zip(model.blocks, cache.layers):
+            z = block(z, 1, rope, layer)
+        cache.length += 1
+        return model.lm_head(model.ln_f(z[:, -1:])), cache
+
+
+def step_problem(model, next_idx, before, logits, cache, right, k):
+    """What is wrong with decode step k (logits, cache), from the cache `before` it, in words; None if nothing."""
+    S, atol = before.length, 1e-5 if model.wte.weight.dtype == torch.float32 else 1e-10
+    _, ref = reference_step(model, next_idx, snapshot(before))
+    step = f"after your decode step {k} (the token at position {S})"
+    length = getattr(cache, "length", None)
+    if length != S + 1:
+        return f"{step}, cache.length is {short(length)}; it must become {S + 1}, the position of the next token"
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list) or len(layers) != len(ref.layers):
+        return f"{step}, cache.layers is {short(layers, 60)}: expected a list of {len(ref.layers)} LayerCaches"
+    for l, (mine, theirs) in enumerate(zip(layers, ref.layers)):
+        for name in ("k", "v", "conv_state"):
+            expected, got = getattr(theirs, name, None), getattr(mine, name, None)
+            if expected is None:
+                continue
+            where = f"cache.layers[{l}].{name}"
+            if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+                shape = f"a tensor of shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else short(got, 60)
+                return (f"{step}, {where} is {shape}, expected shape {tuple(expected.shape)}" +
+                        (f" (every position so far: S + 1 = {S + 1})" if name != "conv_state" else ""))
+            err = (got.double() - expected.double()).abs()
+            if err.max() > atol:
+                if name == "conv_state":
+                    return f"{step}, {where} differs from the reference's by up to {err.max():.3g}"
+                position = int((err.amax(dim=(0, 1, 3)) > atol).nonzero()[0])
+                if position < S:
+                    return f"{step}, {where} changed at position {position}: a step appends, it never changes the past"
+                return f"{step}, {new_key(model, next_idx, before, cache, l, name, err.max(), atol)}"
+    gap = (logits.double() - right.double()).abs().max()
+    if gap > atol:
+        return (f"{step}, your cache is right (cache.length and every layer's keys and values), but your logits differ "
+                f"from the training forward's by up to {gap:.3g}: you appended the right keys and values at every "
+                "layer; what is wrong comes after them: for Orthros, z holds the base twin then the output twin, and "
+                "the LM head reads the output twin's row (z[:, -1:], then ln_f, then lm_head)")
+    return None
+
+
+def new_key(model, next_idx, before, cache, l, name, err, atol):
+    """The key (or value) a step appended at layer l is wrong: which RoPE it was made with, if one fits."""
+    where = f"the {'key' if name == 'k' else 'value'} your step appended to cache.layers[{l}].{name}"
+    c, dtype = model.config, model.wte.weight.dtype
+    variants = [("RoPE at position S + 1 (S = cache.length)", dict(shift=1)),
+                ("RoPE at position S - 1 (S = cache.length)", dict(shift=-1))]
+    if c.rope_base != 10000.0:
+        variants.append((f"rope_base 10000.0 (config.rope_base is {c.rope_base})", dict(base=10000.0)))
+    for label, how in variants:
+        _, other = reference_step(model, next_idx, snapshot(before), **how)
+        expected, got = getattr(other.layers[l], name), getattr(cache.layers[l], name)
+        if got.shape == expected.shape and (got.double() - expected.double()).abs().max() <= atol:
+            return f"{where} is the one made with {label}"
+    hint = (": what enters the first block (the embedding of next_idx, the rows of z) or its RoPE tables (the position "
+            "S = cache.length, config.rope_base, head_dim = n_embd // n_head, the weights' dtype)") if l == 0 else \
+        ": the layers before it were right"
+    rounding = " (about float32's rounding)" if dtype == torch.float64 and err < 1e-5 else ""
+    return f"{where} differs from the reference's by up to {err:.3g}{rounding}{hint}"
+
+
+def training_logits(model, idx, p, column=False):
     with torch.no_grad():
         full = model(idx)[0]
     return [full[:, t:t + 1] for t in range(p, idx.size(1))]

@@ -12,7 +12,7 @@ def decode_step(model, next_idx, cache):
     orthros = model.config.attn == "orthros"
     z = torch.cat([x, x], dim=1) if orthros else x            # its base twin, then its output twin
     S = cache.length                                          # positions 0 ... S-1 are in the cache
-    position = torch.full((z.size(1),), S)                    # both twins sit at the new position S
+    position = torch.full((z.size(1),), S, device=x.device)   # both twins sit at the new position S
     rope = rope_cos_sin(position, model.config.n_embd // model.config.n_head, model.config.rope_base,
                         model.wte.weight.dtype)
     with torch.no_grad():
