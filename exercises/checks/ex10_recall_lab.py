@@ -1,12 +1,14 @@
 """Exercise 10, the recall lab: the checker, hints and known bugs."""
 
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
 from data.recall.prepare import PRESETS
-from exercises.framework import REPO, Bug, Case, NotReady
+from exercises.framework import REPO, Bug, Case, Mutant, NotReady, Wrong, short, student_side
+from orthros import OrthrosConfig
 from sample import load_checkpoint
 from train import save_checkpoint
 from exercises.solutions import ex10_recall_lab as solution
@@ -73,15 +75,81 @@ BUGS = [
 ]
 
 
+# -- Further wrong answers the checker must reject ----------------------------------------------
+
+@student_side   # runs as the mutants' code
+def student_summary(run_dir, hits=lambda accuracy, n: accuracy * n, inside=lambda lo, hi, w: hi <= w,
+                    reach=lambda config: config["n_layer"] * config["window"], attn=None):
+    """A student's recall_summary, right unless told otherwise: how hits are counted, which buckets are inside,
+    how far SWA reaches, where attn comes from."""
+    config = load_checkpoint(Path(run_dir) / "ckpt_last.pt")["model_config"]
+    scores = json.loads((Path(run_dir) / "exact_match.json").read_text())
+    w, far = config["window"], reach(config)
+
+    def pooled(keep):
+        chosen = [r for name, r in scores.items() if keep(*map(int, name.split("-")))]
+        return sum(hits(r["accuracy"], r["n"]) for r in chosen) / sum(r["n"] for r in chosen)
+
+    return {"attn": attn(run_dir) if attn else config["attn"], "window": w, "n_layer": config["n_layer"],
+            "inside": pooled(lambda lo, hi: inside(lo, hi, w)), "beyond": pooled(lambda lo, hi: lo >= far)}
+
+
+def wrong(**how):
+    return SimpleNamespace(recall_summary=lambda run_dir: student_summary(run_dir, **how))
+
+
+MUTANTS = [
+    Mutant("hits truncated by int()", wrong(hits=lambda accuracy, n: int(accuracy * n)),
+           expect="each bucket's hits truncated by int()"),
+    Mutant("recall_tiny's window hard-coded (32) for inside", wrong(inside=lambda lo, hi, w: hi <= 32),
+           expect="of the buckets 1-3, 3-4, 4-6, 6-8, 8-16"),
+    Mutant("n_layer read from n_head", wrong(reach=lambda config: config["n_head"] * config["window"]),
+           expect="of the buckets 16-33"),
+    Mutant("beyond: lo > n_layer * window", wrong(reach=lambda config: config["n_layer"] * config["window"] + 1),
+           expect="of the buckets 16-33"),
+    Mutant("inside: hi < window", wrong(inside=lambda lo, hi, w: hi < w), expect="of the buckets 1-3; the reference pools the buckets with hi <= window = 4"),
+    Mutant("exercise 6's reach, n_layer * (window - 1)",
+           wrong(reach=lambda config: config["n_layer"] * (config["window"] - 1)),
+           expect="of the buckets 6-8, 8-16, 16-33"),
+    Mutant("attn guessed from the folder's name",
+           wrong(attn=lambda run_dir: "swa" if "swa" in str(run_dir) else "orthros"),
+           expect="at ['attn']: yours 'orthros', the reference 'swa'"),
+    Mutant("the stored solution imported",
+           source="def recall_summary(run_dir):\n"
+                  "    from exercises.solutions.ex10_recall_lab import recall_summary\n"
+                  "    return recall_summary(run_dir)\n",
+           expect="is not available to your code"),
+    Mutant("the known bugs' code reused",
+           source="from exercises.checks.ex10_recall_lab import make_bug\n\nrecall_summary = make_bug().recall_summary\n",
+           expect="does not import: ImportError"),
+]
+
+
 # -- Cases --------------------------------------------------------------------------------------
 
-MADE_UP = {  # name: (model config, {bucket: (n, accuracy)})
-    "a made-up SWA run (w=4, 2 layers)": (
-        {"attn": "swa", "window": 4, "n_layer": 2},
-        {"1-3": (100, 0.97), "3-6": (100, 0.55), "6-8": (100, 0.21), "8-16": (50, 0.1), "16-33": (150, 0.04)}),
-    "a made-up Orthros run (w=8, 3 layers)": (
-        {"attn": "orthros", "window": 8, "n_layer": 3},
+def model_config(attn, window, n_layer, n_head, n_embd=64, vocab_size=64):
+    return dataclasses.asdict(OrthrosConfig(attn=attn, window=window, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                                            vocab_size=vocab_size, conv_kernel=3))
+
+
+MADE_UP = {  # name: (model config, {bucket: (n, accuracy)}): n_layer != n_head; buckets at the edges hi = w and
+    #          lo = n_layer * w, one across w; accuracies whose hits (accuracy * n) truncate under int()
+    #          (0.29 * 100 = 28.999...); the paper's window and depth
+    "a made-up SWA run (w=4, 2 layers, 4 heads)": (
+        model_config("swa", 4, 2, 4),
+        {"1-3": (100, 0.97), "3-4": (100, 0.9), "4-6": (100, 0.55), "6-8": (100, 0.21), "8-16": (50, 0.1),
+         "16-33": (150, 0.04)}),
+    "a made-up SWA run (w=3, 4 layers, 2 heads)": (
+        model_config("swa", 3, 4, 2),
+        {"1-2": (100, 0.29), "2-4": (100, 0.57), "4-5": (100, 0.58), "5-12": (300, 0.11), "12-20": (100, 0.07),
+         "20-41": (100, 0.29)}),
+    "a made-up Orthros run (w=8, 3 layers, 2 heads)": (
+        model_config("orthros", 8, 3, 2),
         {"1-8": (40, 1.0), "8-16": (100, 0.9), "16-32": (120, 0.95), "32-64": (60, 0.75), "64-99": (20, 0.5)}),
+    "a made-up Orthros run at the paper's size (w=128, 12 layers, 6 heads)": (
+        model_config("orthros", 128, 12, 6, n_embd=768, vocab_size=50304),
+        {"1-128": (300, 0.99), "128-256": (300, 0.98), "256-512": (300, 0.97), "512-1024": (300, 0.58),
+         "1024-1536": (300, 0.57), "1536-2048": (300, 0.29), "2048-4097": (300, 0.56)}),
 }
 
 
@@ -102,7 +170,7 @@ def cases(runs=None, **options):
     folder = tempfile.TemporaryDirectory(prefix="orthros-lab-")  # removed when the last case is gone
     found = [Case(f"recall_summary(run_dir) for {name}: {MADE_UP[name][1]}",
                   inputs=lambda run=run, folder=folder: dict(run_dir=str(run)),
-                  call=lambda answer, run_dir: answer.recall_summary(run_dir),
+                  call=explained,
                   invariant="inside: the examples of the buckets with hi <= window; beyond: those of the buckets "
                             "with lo >= n_layer * window; each pooled over examples (the stored solution, run on "
                             "the same files)",
@@ -112,7 +180,7 @@ def cases(runs=None, **options):
     for attn, claim in (("swa", lambda s: swa_claim(s, chance)), ("orthros", orthros_claim)):
         found.append(Case(f"recall_summary({run_dir(runs, attn)!r}), your trained {attn} run",
                           inputs=lambda attn=attn: dict(run_dir=str(trained_run(runs, attn))),
-                          call=lambda answer, run_dir: answer.recall_summary(run_dir),
+                          call=explained,
                           invariant="the stored solution's summary of the same run", atol=1e-12))
         found.append(Case(f"what the {attn} run shows (your recall_summary of {run_dir(runs, attn)})",
                           inputs=lambda attn=attn: dict(run_dir=str(trained_run(runs, attn))),
@@ -121,6 +189,55 @@ def cases(runs=None, **options):
                                     "answers there (at least 0.6), as tests/test_train.py asserts",
                           holds=claim, output="your summary and the run"))
     return found
+
+
+def explained(answer, run_dir):
+    """The answer's summary; when its config values are right but a pooled accuracy is not, which buckets
+    and which way of pooling give the answer's number."""
+    mine = answer.recall_summary(run_dir)
+    right = solution.recall_summary(run_dir)
+    if not isinstance(mine, dict) or any(mine.get(key) != right[key] for key in ("attn", "window", "n_layer")):
+        return mine   # the framework names the first key that differs
+    scores = json.loads((Path(run_dir) / "exact_match.json").read_text())
+    w, reach = right["window"], right["n_layer"] * right["window"]
+    rules = {"inside": (lambda lo, hi: hi <= w, f"hi <= window = {w}"),
+             "beyond": (lambda lo, hi: lo >= reach, f"lo >= n_layer * window = {reach}")}
+    for key, (keep, rule) in rules.items():
+        value = mine.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or abs(value - right[key]) <= 1e-12:
+            continue
+        chosen = [b for b in scores if keep(*map(int, b.split("-")))]
+        raise Wrong(f"at [{key!r}]: yours {short(value)}, the reference {short(right[key])}: "
+                    f"{which_buckets(value, scores, chosen)}; the reference pools the buckets with {rule}: "
+                    f"{', '.join(chosen)}, (sum of accuracy x n) / (sum of n) = "
+                    f"{sum(scores[b]['accuracy'] * scores[b]['n'] for b in chosen):.6g} / {sum(scores[b]['n'] for b in chosen)}")
+    return mine
+
+
+POOLINGS = [  # (in words, (accuracies, ns) -> the pooled value)
+    ("yours is the pooled accuracy of the buckets {}", lambda a, n: sum(x * m for x, m in zip(a, n)) / sum(n)),
+    ("yours pools the buckets {} with each bucket's hits truncated by int()",
+     lambda a, n: sum(int(x * m) for x, m in zip(a, n)) / sum(n)),
+    ("yours is the mean of the accuracies of the buckets {}, not pooled over examples", lambda a, n: sum(a) / len(a)),
+]
+
+
+def which_buckets(value, scores, chosen):
+    """Which buckets, pooled which way, give value (the right buckets first), in words."""
+    names = list(scores)
+    subsets = [chosen] + [[b for i, b in enumerate(names) if mask >> i & 1] for mask in range(1, 2 ** len(names))]
+    for subset in subsets:
+        a, n = [scores[b]["accuracy"] for b in subset], [scores[b]["n"] for b in subset]
+        for words, pool in POOLINGS:
+            if subset and abs(pool(a, n) - value) <= 1e-12:
+                what = words.format(", ".join(subset))
+                if "int()" in words:
+                    b = next(b for b in subset if int(scores[b]["accuracy"] * scores[b]["n"]) !=
+                             round(scores[b]["accuracy"] * scores[b]["n"]))
+                    x, m = scores[b]["accuracy"], scores[b]["n"]
+                    what += f" (bucket {b}: {x} x {m} is {x * m!r} in floating point, int() makes it {int(x * m)})"
+                return what
+    return "no set of buckets, pooled or averaged, gives your number"
 
 
 def run_dir(runs, attn):
