@@ -243,11 +243,28 @@ def explained(answer, q, k, v, window):
 
 
 def with_dropout(answer, q, k, v, window, dropout_p):
+    """The answer's output with dropout after torch.manual_seed(0); when it is not orthros.py's under the same
+    seed, whether dropout is applied at all, and whether the answer is right without it."""
     torch.manual_seed(0)
     out = answer.blocked_sliding_window_attention(q, k, v, window, dropout_p)
-    if out.device.type != "meta" and difference(out, orthros.reference_attention(q, k, v, window), 1e-12) is None:
+    if out.device.type == "meta":
+        return out
+    dense = orthros.reference_attention(q, k, v, window)
+    if difference(out, dense, 1e-12) is None:
         raise Wrong(f"your output with dropout_p={dropout_p} equals the output without dropout: pass dropout_p on "
                     "to scaled_dot_product_attention")
+    torch.manual_seed(0)
+    if difference(out, orthros.blocked_sliding_window_attention(q, k, v, window, dropout_p), 1e-12) is None:
+        return out
+    try:
+        right_without = difference(answer.blocked_sliding_window_attention(q, k, v, window, 0.0), dense, 1e-12) is None
+    except Exception:
+        right_without = False
+    if right_without:
+        raise Wrong(f"your output without dropout is right; with dropout_p={dropout_p} after torch.manual_seed(0) it is "
+                    "not orthros.py's: one scaled_dot_product_attention over all the blocks at once, its weights "
+                    "(B*H, n, w, 2w) as in hint 2, with dropout_p passed on, draws the same dropout mask (a loop over "
+                    "blocks, or dropout applied elsewhere, draws another)")
     return out
 
 
