@@ -582,7 +582,9 @@ def activation_dtype(weight):
     """The dtype the activations run in: autocast's (e.g. bf16) when it is on, else the weights'.
     The RoPE tables are made in it, so that rotated queries and keys keep the kernels' dtype."""
     device_type = weight.device.type
-    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight.dtype
+    if device_type != "meta" and torch.is_autocast_enabled(device_type):  # (torch asks no autocast of "meta")
+        return torch.get_autocast_dtype(device_type)
+    return weight.dtype
 
 
 def compile_blocks(model, **kwargs):

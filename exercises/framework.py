@@ -327,7 +327,6 @@ def _is_exercises_module(name):
 def solved_source(n):
     """A whole file that solves exercise n: the stub's docstring and imports, the reference's
     functions, and the imports those need. For teachers (`solution N --show`) and for the tests."""
-    import ast
     spec = load_spec(n)
     stub = committed_stub(n)
     tree = ast.parse(stub)
@@ -826,7 +825,7 @@ def fingerprint(value, seen=None):
         return ("seen",)
     seen.add(id(value))
     if isinstance(value, nn.Module):
-        parts = {f".{k}": fingerprint(v, seen) for k, v in value.state_dict().items()}
+        parts = {f".{k}": fingerprint(v, seen) for k, v in value.state_dict(keep_vars=True).items()}  # requires_grad too
         for name, module in value.named_modules():
             prefix = f".{name}" if name else ""
             for key, attr in vars(module).items():

@@ -224,7 +224,7 @@ def checked_flops(answer, cfg, T):
     right = bench.forward_flops(cfg, T, 1)
     if mine == right:
         return mine
-    C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
+    C, V = cfg.n_embd, cfg.vocab_size
     notes = [f"yours {mine:,}, perf/bench.py's {right:,}"]
     try:
         diff = int(mine - right)
