@@ -25,14 +25,13 @@ JSON file is rewritten after every measurement, so a run cut short by a timeout 
 
 Runtime on one H200 (estimated from the measurements in results/h200/; each section fits one 10-minute
 call, all three together do not): prefill with --compile ~5 min (T <= 256K ~1 min; the Transformer at
-512K, 1M, 2M ~10 s, ~40 s, ~160 s, one call each); decode, not yet measured in this form: ~30-60 s a
-round (the naive decoder at 128K x 8 and, with --decode_cache prefill, the Transformer's prefills of
-128K x 8, ~5 s each, are most of it), plus compiling in the first round (10 graphs for the fast
-decoder's layers, ~10 more for compile_blocks); --time_budget caps the later rounds; train ~1 min.
-The decode matrix in about 3-4 minutes, its recompile log beside it:
+512K, 1M, 2M ~10 s, ~40 s, ~160 s, one call each); decode ~3 min with the command below (its first
+round, with the compiling, ~2 min; the naive decoder at 128K x 8 is most of a later one); train ~1 min.
+The decode matrix with its recompile log, as results/README.md reports it:
 
-    TORCH_LOGS=recompiles python perf/bench.py --sections decode --decode_cache random --decode_steps 40 \
-        --decode_variants naive,fast,fast+compile --split_k_from 16384,none --time_budget 210 \
+    TORCH_LOGS=recompiles python perf/bench.py --sections decode --decode_ctx 131072,32768,4096 \
+        --decode_cache random --decode_steps 40 --decode_variants naive,fast,fast+compile \
+        --split_k_from 16384,none --window_rows_from 16384,none --time_budget 286 \
         --out out/bench_decode.json 2> out/recompiles.log
 """
 

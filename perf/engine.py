@@ -5,8 +5,8 @@ orthros.py (Orthros.prefill / Orthros.decode), with a preallocated cache and a c
 The naive decoder grows its cache by concatenation (every step copies the whole cache) and
 launches a few hundred small kernels per token from Python. FastDecoder instead:
   - keeps, per layer, K (B, H, rows, D) and V in chunks (rows / chunk, B, H, chunk, D) (and the
-    conv state, if any), allocated once, rows = max_len rounded up to a whole bucket (plus a
-    spare chunk), and written in place: the new token's K, V go to row `pos`, a device tensor;
+    conv state, if any), allocated once, rows = max_len rounded up to a whole bucket, and
+    written in place: the new token's K, V go to row `pos`, a device tensor;
   - reads only the valid prefix of the cache, rounded up to a bucket (bucket_len, always a whole
     number of chunks), and masks the rows past it: within a bucket a step's shapes, and so its
     captured graph, stay fixed;
@@ -20,8 +20,12 @@ launches a few hundred small kernels per token from Python. FastDecoder instead:
     split_k_attention): per-chunk maxima, sums and outputs, then one combine; so that a long
     context keeps the whole GPU busy even at batch 1 (a softmax kernel runs one row per block:
     B * H * 2 rows of 131,072 keys leave most of an H200 idle);
-  - on CUDA, replays the step as a CUDA graph per bucket (compile=True: each layer is fused by
-    torch.compile first). On CPU the same code runs eagerly; the tests compare it there.
+  - projects q, k and v with one matmul (W_Q, W_K, W_V stacked; not with the convolution);
+  - on CUDA, replays the step as a CUDA graph per bucket. compile=True fuses the dense part of
+    each layer (norms, RoPE, the MLP's activation, the residual adds) with torch.compile, at
+    the decoder's fixed shapes; the attention over the cache stays as written here (cuBLAS
+    matmuls), its shapes changing with the bucket. On CPU the same code runs eagerly; the
+    tests compare it there.
 results/README.md (Decode) compares this attention with one SDPA call per twin (3-16x slower on
 an H200: SDPA's masked single-query kernel does not split the keys across the GPU).
 
@@ -32,6 +36,7 @@ an H200: SDPA's masked single-query kernel does not split the keys across the GP
 """
 
 import torch
+import torch.nn.functional as F
 
 import orthros
 from orthros import apply_rope, causal_depthwise_conv, rope_cos_sin
@@ -136,9 +141,10 @@ def chunked_values(p, v_chunks):
 
 def chunked_attention(q, k, v_chunks, mask):
     """attend() over the chunked value cache: q (B, H, L, D), k (B, H, S, D) or (B * H, S, D), v_chunks
-    (n, B, H, c, D) with S = n * c, mask (L, S). Softmax in one kernel (one block per row)."""
+    (n, B, H, c, D) with S = n * c, mask (L, S). Softmax in one kernel (one block per row).
+    Returns float32 (or wider): the caller's cast to the model's dtype fuses with what follows."""
     scores = torch.add(mask, _scores(q, k), alpha=q.size(-1) ** -0.5)
-    return chunked_values(torch.softmax(scores, dim=-1), v_chunks).to(v_chunks.dtype)
+    return chunked_values(torch.softmax(scores, dim=-1), v_chunks)
 
 
 def split_k_attention(q, k, v_chunks, mask):
@@ -158,7 +164,7 @@ def split_k_attention(q, k, v_chunks, mask):
     p = s.sub_(m.amax(-1, keepdim=True)).exp_()                           # exp(s - M), in place
     l = p.unflatten(-1, (n, c)).sum(-1).sum(-1, keepdim=True)             # sum_j l_j: (B, H, L, 1)
     o = chunked_values(p, v_chunks)                                       # sum_j o_j: (B, H, L, D)
-    return torch.div(o, l, out=torch.empty(o.shape, dtype=v_chunks.dtype, device=o.device))
+    return o / l
 
 
 def decode_attention(q, k_cache, v_cache, masks, window, split):
@@ -182,8 +188,6 @@ def decode_attention(q, k_cache, v_cache, masks, window, split):
         if L == 1:
             return y_window
     n, c = masks.size(1), masks.size(2)
-    # NOTE: flatten the whole cache, then slice: a slice of (B, H, rows, D) flattened would make
-    # torch.compile guard on whether the bucket is the whole cache (one more graph).
     k, v_chunks = k_cache.flatten(0, 1)[:, :n * c], v_cache[:n]
     attention = split_k_attention if split else chunked_attention
     if window is None:
@@ -191,52 +195,53 @@ def decode_attention(q, k_cache, v_cache, masks, window, split):
     return torch.cat([y_window, attention(q[:, :, 1:], k, v_chunks, masks[1:].flatten(1))], dim=2)
 
 
-def decode_layer(block, z, cache, q_affine, pos, rope, masks, window, split):
-    """One Block (Alg. 2, lines 4-7) for one new token over the static cache: the same math as
-    Block.forward and OrthrosAttention.forward with the naive cache.
-    z: (B, L, C), L = 2 (base twin, output twin) for Orthros, 1 for the baselines.
-    cache: this layer's (k (B, H, rows, D), v (rows / c, B, H, c, D), the new token's value
-    slots (B * H,) from value_slots, conv state (B, K-1, C) or None), updated in place.
+def layer_in(block, z, w_qkv, q_affine, rope, conv_state):
+    """Alg. 1, lines 3-7 for the new token, the part of a layer before the cache: z (B, L, C),
+    L = 2 (base twin, output twin) for Orthros, 1 for the baselines. Returns q (B, H, L, D) and
+    the base twin's k (B, H, 1, D), both after RoPE, and v (B * H, D).
+    w_qkv: W_Q, W_K and W_V stacked, (3C, C): q, k and v in one matmul, of every row (an output
+    twin's k, v are dropped: one row more costs nothing in a matmul that reads the weights).
+    None when the optional convolution is on: k, v then read the convolved base twin.
     q_affine: the scale-offsets stacked per twin, (alpha (2, C), beta (2, C)), or None.
-    pos: (1,) the token's position; rope: (cos, sin) at pos; masks, window, split: see
-    decode_attention."""
+    rope: (cos, sin) at the token's position; conv_state: (B, K-1, C) or None, updated in place."""
     attn = block.attn
-    k_cache, v_cache, slots, conv_state = cache
     B, L, C = z.shape
     H, D = attn.n_head, attn.head_dim
     h = block.ln_1(z)
-    x = h[:, :1]                                          # Alg. 1, line 3: the base twin
-    if conv_state is not None:                            # the optional short convolution
-        x, new_state = causal_depthwise_conv(x, attn.conv.weight, conv_state)
+    if conv_state is None:
+        q, k, v = F.linear(h, w_qkv).split(C, dim=-1)     # Alg. 1, lines 4-5: one W_Q for both twins,
+        k, v = k[:, :1], v[:, :1]                         # K, V from the base twin (line 3) only
+    else:                                                 # the optional short convolution
+        x, new_state = causal_depthwise_conv(h[:, :1], attn.conv.weight, conv_state)
         conv_state.copy_(new_state)
-    k, v = attn.c_k(x), attn.c_v(x)                       # Alg. 1, line 4: K, V from the base twin
-    q = attn.c_q(h)                                       # Alg. 1, line 5: one W_Q, then each twin's
-    if q_affine is not None:                              # alpha * q + beta (one kernel for both)
+        q, k, v = attn.c_q(h), attn.c_k(x), attn.c_v(x)
+    if q_affine is not None:                              # Alg. 1, line 5: each twin's alpha * q + beta
         q = torch.addcmul(q_affine[1], q_affine[0], q)
     cos, sin = rope                                       # Alg. 1, lines 6-7; both twins sit at pos
     q = apply_rope(q.view(B, L, H, D).transpose(1, 2), cos, sin)            # (B, H, L, D)
     k = apply_rope(k.view(B, 1, H, D).transpose(1, 2), cos, sin)            # (B, H, 1, D)
-    k_cache.index_copy_(2, pos, k)                        # the base twin joins the cache, in place
-    v_cache.view(-1, D).index_copy_(0, slots, v.view(B * H, D))
-    y = decode_attention(q, k_cache, v_cache, masks, window, split)         # (B, H, L, D)
-    z = z + attn.c_proj(y.transpose(1, 2).reshape(B, L, C))                 # Alg. 1, lines 10-12
+    return q, k, v.reshape(B * H, D)
+
+
+def layer_out(block, z, y):
+    """Alg. 1, lines 10-12 and Alg. 2, lines 5-7, the part of a layer after the attention:
+    z (B, L, C) the layer's input, y (B, H, L, D) the attention's output (any float dtype)."""
+    B, L, C = z.shape
+    z = z + block.attn.c_proj(y.to(z.dtype).transpose(1, 2).reshape(B, L, C))
     return z + block.mlp(block.ln_2(z))
 
 
 class StaticKVCache:
     """The fast decoder's cache for B sequences, allocated once for max_len positions, in
-    rows = bucket_len(max_len, chunk) + chunk rows: a whole number of chunks, every bucket fits,
-    and one spare chunk that no step reads.
+    rows = bucket_len(max_len, chunk) rows: a whole number of chunks, and every bucket fits.
     Per layer l: k[l] (B, n_head, rows, head_dim), keys after RoPE; v[l] (rows / chunk, B,
     n_head, chunk, head_dim), values, chunk-major (see chunked_values); conv[l]
     (B, conv_kernel - 1, n_embd) or None. Rows >= length hold zeros or stale values: they are
-    masked out (and must stay finite: they are multiplied by a weight of 0).
-    NOTE: the spare chunk keeps every bucket shorter than the cache: with torch.compile, a
-    bucket that is the whole cache (its keys then densely packed) compiles a graph of its own."""
+    masked out (and must stay finite: they are multiplied by a weight of 0)."""
 
     def __init__(self, config, batch_size, max_len, device, dtype, chunk=256):
         H, D, n = config.n_head, config.n_embd // config.n_head, config.n_layer
-        rows = bucket_len(max_len, chunk) + chunk
+        rows = bucket_len(max_len, chunk)
         zeros = lambda *shape: torch.zeros(*shape, device=device, dtype=dtype)
         with torch.inference_mode(False):  # normal tensors: writable in and out of inference mode
             self.k = [zeros(batch_size, H, rows, D) for _ in range(n)]
@@ -252,16 +257,17 @@ class FastDecoder:
 
     model: an Orthros in eval mode, on its device and dtype. batch_size, max_len: the cache's
     size (max_len <= model.config.max_seq_len; default: that). cuda_graphs: capture the step
-    (default: on CUDA). compile: torch.compile each layer first (True, or a dict of
-    torch.compile options, e.g. {"backend": ...}); dynamic shapes, so a new bucket does not
-    recompile. chunk: a power of two, the cache's alignment and split-K's chunk (see
+    (default: on CUDA). compile: torch.compile layer_in and layer_out (True, or a dict of
+    torch.compile options, e.g. {"backend": ...}); their shapes are fixed for a decoder, so they
+    compile once per model kind and batch size, never per step or bucket. chunk: a power of two, the cache's alignment and split-K's chunk (see
     bucket_len). split_k_from: split the softmax over chunks (split_k_attention) when a step
     reads at least this many keys; None: never. window_rows_from: from this many keys on,
     Orthros's base twin reads its window by rows, apart from the output twin (see
     decode_attention); None: never (SWA always does). "auto" (both): long_context_paths.
     After each decode, last_n_keys is the number of cache rows its attention read.
-    NOTE: the step reads the weights where they are; the scale-offsets are copied (stacked per
-    twin) at each prefill(), so change weights only between generations.
+    NOTE: the step reads the weights where they are, but W_Q, W_K, W_V (stacked) and the
+    scale-offsets (stacked per twin) are copied at each prefill(): change weights only between
+    generations.
     """
 
     def __init__(self, model, batch_size, max_len=None, cuda_graphs=None, compile=False, chunk=256,
@@ -284,39 +290,38 @@ class FastDecoder:
         self.orthros = cfg.attn == "orthros"
         self.window = None if cfg.attn == "transformer" else cfg.window
         self.gather_window = cfg.attn == "swa"  # read the window by its rows (else: the masked bucket)
-        # NOTE: the cache is bucket_len(max_len) rows long (+ a spare chunk), not max_len, so that
+        # NOTE: the cache is bucket_len(max_len) rows long, not max_len, so that
         # every step reads a whole bucket, a multiple of chunk (256) keys. A step clamped to an odd
         # count (say max_len = 4,151) sends the matmuls over the keys down a slow cuBLAS path on an
         # H200, 2-13x slower than at a multiple of 256 (Orthros's (B*H, 2, D) x (D, n_keys) worst).
         self.cache = StaticKVCache(cfg, batch_size, max_len, device, dtype, chunk)
         self.compiled = bool(compile)
+        self.layer_in, self.layer_out = layer_in, layer_out
         if compile:
             self._compile(compile if isinstance(compile, dict) else {})
-        else:
-            self.layer = decode_layer
         self.last_n_keys = None
         with torch.inference_mode(False):
             self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # the step's input
             self.pos = torch.zeros(1, dtype=torch.long, device=device)                # ... and its position
-            self.q_affine = [(torch.empty(2, cfg.n_embd, device=device, dtype=dtype),
-                              torch.empty(2, cfg.n_embd, device=device, dtype=dtype))
+            C = cfg.n_embd
+            self.w_qkv = [None if cfg.conv_kernel else torch.empty(3 * C, C, device=device, dtype=dtype)
+                          for _ in model.blocks]
+            self.q_affine = [(torch.empty(2, C, device=device, dtype=dtype), torch.empty(2, C, device=device, dtype=dtype))
                              if block.attn.scale_offset else None for block in model.blocks]
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.graphs = {}  # n_keys -> (CUDAGraph, its static logits)
         self.pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None  # shared by all buckets
 
     def _compile(self, options):
-        """torch.compile decode_layer, its sizes that vary between decoders and steps dynamic: the
-        batch (but 1, which compiles apart), the cache rows, the chunks read. So one graph serves
-        a model kind, a split mode and batch 1 or more, at every context length.
-        NOTE: all layers and decoders share decode_layer's cache of graphs, up to three model kinds
-        x two split modes x two batch kinds: more than torch._dynamo's default recompile_limit
-        (8), past which it would run the layer eagerly without a word; so raise it to >= 64."""
+        """torch.compile layer_in and layer_out at static shapes (one graph per model kind and
+        batch size, shared by all layers and decoders). The attention is left out: its shapes
+        change with every bucket, and cuBLAS already reads the cache at the memory's speed.
+        NOTE: graphs for several model kinds and batch sizes in one process are more than
+        torch._dynamo's default recompile_limit (8), past which it would run the functions
+        eagerly without a word; so raise it to >= 64."""
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        c = self.cache
-        for t, dims in [(k, (0, 2)) for k in c.k] + [(v, (0, 1)) for v in c.v] + [(s, (0,)) for s in c.conv if s is not None]:
-            torch._dynamo.maybe_mark_dynamic(t, dims)
-        self.layer = torch.compile(decode_layer, fullgraph=True, **options)
+        self.layer_in = torch.compile(layer_in, fullgraph=True, dynamic=False, **options)
+        self.layer_out = torch.compile(layer_out, fullgraph=True, dynamic=False, **options)
 
     @torch.no_grad()
     def prefill(self, idx):
@@ -334,7 +339,8 @@ class FastDecoder:
     @torch.no_grad()
     def load(self, naive):
         """Copy a naive KVCache of this model (from model.prefill) into the static cache, and the
-        scale-offsets; the naive cache is left as it was. Returns the static cache, ready to decode."""
+        stacked W_Q, W_K, W_V and the scale-offsets; the naive cache is left as it was. Returns the
+        static cache, ready to decode."""
         cache = self.cache
         if not isinstance(naive, orthros.KVCache) or naive.model() is not self.model:
             raise ValueError("load() takes a KVCache made by this decoder's model (model.prefill)")
@@ -352,8 +358,10 @@ class FastDecoder:
                 cache.v[l][T // c, :, :, :T - full].copy_(layer.v[:, :, full:])
             if cache.conv[l] is not None:
                 cache.conv[l].copy_(layer.conv_state)
+            attn = block.attn
+            if self.w_qkv[l] is not None:
+                self.w_qkv[l].copy_(torch.cat([attn.c_q.weight, attn.c_k.weight, attn.c_v.weight]))
             if self.q_affine[l] is not None:
-                attn = block.attn
                 self.q_affine[l][0].copy_(torch.stack([attn.alpha, attn.alpha_out]))
                 self.q_affine[l][1].copy_(torch.stack([attn.beta, attn.beta_out]))
         cache.length = T
@@ -376,7 +384,7 @@ class FastDecoder:
         self.token.copy_(next_idx.reshape(-1, 1))
         self.pos.fill_(cache.length)
         n_keys = bucket_len(cache.length + 1, self.chunk)   # never clamped: the cache holds whole buckets
-        assert n_keys < cache.rows and n_keys % self.chunk == 0
+        assert n_keys <= cache.rows and n_keys % self.chunk == 0
         if self.cuda_graphs:
             graph, logits = self._graph(n_keys)
             graph.replay()
@@ -413,11 +421,12 @@ class FastDecoder:
             rows, mask = window_rows(self.pos, cfg.window)
             window = (rows, value_slots(rows, B * H, self.chunk).view(-1), mask)
         split = self.uses_split_k(n_keys)
-        if self.compiled:  # the batch and the chunks read are dynamic sizes: no recompiling per bucket
-            for t, dims in ((z, (0,)), (masks, (1,)), (slots, (0,))) + (((window[1], (0,)),) if window else ()):
-                torch._dynamo.maybe_mark_dynamic(t, dims)
-        for block, k, v, conv, q_affine in zip(model.blocks, c.k, c.v, c.conv, self.q_affine):
-            z = self.layer(block, z, (k, v, slots, conv), q_affine, self.pos, rope, masks, window, split)
+        for l, block in enumerate(model.blocks):   # Alg. 2, lines 4-7
+            q, k, v = self.layer_in(block, z, self.w_qkv[l], self.q_affine[l], rope, c.conv[l])
+            c.k[l].index_copy_(2, self.pos, k)                          # the base twin joins the cache
+            c.v[l].view(-1, k.size(-1)).index_copy_(0, slots, v)
+            y = decode_attention(q, c.k[l], c.v[l], masks, window, split)   # Alg. 1, lines 8-9
+            z = self.layer_out(block, z, y)
         return model.lm_head(model.ln_f(z[:, -1:]))                     # Alg. 2, lines 9-10
 
     def _graph(self, n_keys):

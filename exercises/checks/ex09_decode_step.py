@@ -22,7 +22,7 @@ THE_STEP = "it runs the forward pass (or the whole decode step) this exercise as
 FORBIDDEN = {inspect.unwrap(fn): THE_STEP for fn in (
     Orthros.forward, Orthros.prefill, Orthros.decode, Orthros.generate, Orthros.generate_tokens,
     *(getattr(engine.FastDecoder, name) for name in ("prefill", "decode", "load") if hasattr(engine.FastDecoder, name)),
-    *(getattr(engine, name) for name in ("decode_layer", "decode_attention") if hasattr(engine, name)))}
+    *(getattr(engine, name) for name in ("layer_in", "layer_out", "decode_attention") if hasattr(engine, name)))}
 
 HINTS = [
     "Decoding is the same forward pass with T = 1 and t_out = 1: one base token and (for Orthros) one "
