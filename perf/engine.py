@@ -42,10 +42,10 @@ import orthros
 from orthros import apply_rope, causal_depthwise_conv, rope_cos_sin
 
 # The long-context paths, by default ("auto") where they paid on an H200 (results/README.md, Decode;
-# bench model, bf16): split-K at batch 1 from 64K keys (at 128K x 1: 342 against 299 tok/s; it cost
-# 1-4% at 32K x 1 and at batch 8), and the base twin's window by rows at batch >= 8 from 64K keys
-# (128K x 8: 667 against 630; it cost 4% at 32K x 8 and 5-13% at batch 1, where a step is short
-# and its extra kernels show).
+# bench model, bf16, Orthros with compiled layers): split-K at batch 1 from 64K keys (at 128K x 1:
+# 393 against 338 tok/s; it cost 2% at 32K x 1 and 1% at 128K x 8), and the base twin's window by
+# rows at batch >= 8 from 64K keys (128K x 8: 686 against 649; it cost 5% at 32K x 8 and 8% at
+# 128K x 1, where a step is short and its extra kernels show).
 SPLIT_K_FROM = 65536
 WINDOW_ROWS_FROM = 65536
 

@@ -240,7 +240,8 @@ def test_compiled_layers_compile_once_per_kind_not_per_step():
                 logits, state = fast.decode(logits[:, -1].argmax(-1), state)
     # Orthros (two rows, the convolution) and the Transformer (one row, stacked W_QKV) at batch 1
     # and 3: two functions each, at the first step. SWA's layers have the Transformer's shapes
-    # and code: its graphs are reused.
+    # and code: in float32 its graphs are reused (in bf16 its attention's output is bf16, the
+    # Transformer's float32, and layer_out compiles once more).
     assert graphs == [(attn, B, 40) for attn in ("orthros", "transformer") for B in (1, 3) for _ in range(2)]
 
 
