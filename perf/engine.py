@@ -220,7 +220,8 @@ def layer_in(block, z, w_qkv, q_affine, rope, conv_state):
     cos, sin = rope                                       # Alg. 1, lines 6-7; both twins sit at pos
     q = apply_rope(q.view(B, L, H, D).transpose(1, 2), cos, sin)            # (B, H, L, D)
     k = apply_rope(k.view(B, 1, H, D).transpose(1, 2), cos, sin)            # (B, H, 1, D)
-    return q, k, v.reshape(B * H, D)
+    # contiguous: the attention's matmul needs q so; compiled, RoPE writes it that way (no copy)
+    return q.contiguous(), k, v.reshape(B * H, D)
 
 
 def layer_out(block, z, y):
