@@ -17,7 +17,7 @@ A run never writes over another run's files, and Ctrl-C stops after the step and
 import signal
 import sys
 
-if __name__ == "__main__":  # Ctrl-C while torch is still loading: one line, not a traceback
+if __name__ == "__main__":  # Ctrl-C before training starts (torch still loading): one line, not a traceback
     signal.signal(signal.SIGINT, lambda *_: sys.exit("\ninterrupted before training started; nothing was written"))
 
 import argparse
@@ -520,6 +520,7 @@ def main(argv=None):
     config_name, cfg = parse_args(argv)
     check_config(cfg)
     run = Run(config_name, cfg)  # reads and checks everything; writes nothing
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on Ctrl-C is the loop's (StopRequest)
     try:
         train(run, argv)
         if run.master and cfg.task == "sft":
@@ -543,7 +544,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         main()
     except KeyboardInterrupt:  # a second Ctrl-C
