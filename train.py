@@ -97,7 +97,7 @@ CONFIGS = {  # named presets: each sets only what differs from the defaults abov
     "recall": dict(task="sft", dataset="recall", n_layer=2, n_head=4, n_embd=64, window=128, conv_kernel=3,
                    seq_len=2200, batch_size=32, max_iters=3600, lr=3e-3, warmup_iters=50, eval_interval=400,
                    eval_iters=5, curriculum="train_short", curriculum_frac=0.75, weight_decay=0.0),
-    # The same at window 32 (data/recall_tiny): a couple of minutes on 2 CPU cores.
+    # The same at window 32 (data/recall_tiny): 3-4 minutes on 2 idle CPU cores.
     "recall_tiny": dict(task="sft", dataset="recall_tiny", n_layer=2, n_head=4, n_embd=64, window=32, curriculum_frac=0.75,
                         conv_kernel=3, seq_len=384, batch_size=32, max_iters=2400, lr=3e-3, warmup_iters=50,
                         eval_interval=200, eval_iters=5, curriculum="train_short", weight_decay=0.0),

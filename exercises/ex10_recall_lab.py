@@ -4,7 +4,7 @@ The task (data/recall/prepare.py): key-value pairs such as "Qk" hidden in random
 query "?Q" whose answer is "k". The test split asks one query per example, at a controlled
 distance, grouped into buckets ("1-32", "32-64", ...: distances lo <= d < hi, in tokens).
 
-1. Train both models on this laptop (about 2 minutes each on 2 idle CPU cores, longer on a busy
+1. Train both models on this laptop (3-4 minutes each on 2 idle CPU cores, longer on a busy
    machine; keep the recall_tiny config's 2400-step schedule: shorter ones did not learn recall
    in our tries):
 

@@ -28,7 +28,7 @@ def gpt2_bpe():
 
 @pytest.fixture(scope="session")
 def recall_tiny_runs(tmp_path_factory):
-    """recall_tiny trained once per test session, for Orthros and SWA (about 3 minutes on 2 idle CPU
+    """recall_tiny trained once per test session, for Orthros and SWA (about 7 minutes on 2 idle CPU
     cores): {attn: out_dir}. test_train.py's recall test and exercise 10's check both read them."""
     import train
     root = tmp_path_factory.mktemp("recall_tiny")

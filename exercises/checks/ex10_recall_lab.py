@@ -249,7 +249,7 @@ def trained_run(runs, attn):
     path = path if path.is_absolute() or runs else REPO / path
     if not (path / "exact_match.json").is_file() or not (path / "ckpt_last.pt").is_file():
         raise NotReady(f"waiting for its runs: the lab's {attn} run is not there yet (no {path}/exact_match.json). Train "
-                       f"both runs (about 2 minutes each on 2 idle CPU cores), from the repo root:\n    {COMMANDS}\n"
+                       f"both runs (3-4 minutes each on 2 idle CPU cores), from the repo root:\n    {COMMANDS}\n"
                        "then run this check again (or point it at your runs: --runs swa=DIR,orthros=DIR).")
     return path
 
