@@ -29,7 +29,7 @@ launches a few hundred small kernels per token from Python. FastDecoder instead:
 results/README.md (Decode) compares this attention with one SDPA call per twin (3-16x slower on
 an H200: SDPA's masked single-query kernel does not split the keys across the GPU).
 
-    decoder = FastDecoder(model, batch_size=B, max_len=T + max_new_tokens)
+    decoder = FastDecoder(model, batch_size=B, max_len=T + max_new_tokens)   # compile=True: faster
     logits, cache = decoder.prefill(idx)              # like model.prefill(idx)
     logits, cache = decoder.decode(next_idx, cache)   # like model.decode(next_idx, cache)
     model.generate_tokens(idx, max_new_tokens, decoder=decoder)   # the model's decode loop
