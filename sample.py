@@ -15,11 +15,20 @@ This file also holds what reading a checkpoint needs (train.py writes them): pic
 load_checkpoint.
 """
 
+import os
 import signal
 import sys
 
-if __name__ == "__main__":  # Ctrl-C at any moment: one line, not a traceback
-    signal.signal(signal.SIGINT, lambda *_: sys.exit("\ninterrupted"))
+
+def interrupted(*_):
+    """Ctrl-C at any moment: one line, then exit at once (sampling writes nothing). NOTE: os._exit, not
+    sys.exit: a SystemExit raised inside `import torch` can be swallowed there, and sampling would go on."""
+    sys.stderr.write("\ninterrupted\n")
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, interrupted)
 
 import argparse
 import json

@@ -14,18 +14,27 @@ Every field of TrainConfig is an option (--help lists them). Pre-training trains
 A run never writes over another run's files, and Ctrl-C stops after the step and saves ckpt_last.pt.
 """
 
+import os
 import signal
 import sys
 
-if __name__ == "__main__":  # Ctrl-C before training starts (torch still loading): one line, not a traceback
-    signal.signal(signal.SIGINT, lambda *_: sys.exit("\ninterrupted before training started; nothing was written"))
+
+def interrupted_at_start(*_):
+    """Ctrl-C before training starts (torch still loading, the run being set up): one line, then exit at
+    once. Nothing is written before training, so nothing is lost. NOTE: os._exit, not sys.exit: a
+    SystemExit raised inside `import torch` can be swallowed there, and the run would go on."""
+    sys.stderr.write("\ninterrupted before training started; nothing was written\n")
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, interrupted_at_start)
 
 import argparse
 import dataclasses
 import inspect
 import json
 import math
-import os
 import re
 import time
 from contextlib import nullcontext

@@ -15,11 +15,22 @@ The syllabus, and what the checker refuses: exercises/README.md.
 import argparse
 import os
 import shutil
+import signal
 import sys
 import textwrap
 
-from exercises import framework
-from exercises.framework import ORDER, load, load_spec
+
+def interrupted_while_loading(*_):
+    """Ctrl-C while torch loads: one line, and exit at once (os._exit: a SystemExit or KeyboardInterrupt
+    raised inside `import torch` can be swallowed there, or end in a traceback)."""
+    sys.stderr.write("\npython -m exercises: interrupted\n")
+    os._exit(130)
+
+
+signal.signal(signal.SIGINT, interrupted_while_loading)
+from exercises import framework  # noqa: E402  (imports torch)
+from exercises.framework import ORDER, load, load_spec  # noqa: E402
+signal.signal(signal.SIGINT, signal.default_int_handler)   # from here on: main() catches KeyboardInterrupt
 
 TEACHER_FLAGS = ("--yes-i-am-a-teacher", "--show")
 

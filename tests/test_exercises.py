@@ -388,6 +388,19 @@ def test_command_line_ctrl_c_during_a_check_prints_one_line(capsys, monkeypatch)
     assert code == 130 and err.strip() == "python -m exercises: interrupted"
 
 
+def test_command_line_ctrl_c_while_torch_loads_prints_one_line():
+    """A real SIGINT while `python -m exercises` is still importing torch: one line on stderr, exit 130."""
+    import signal
+    import subprocess
+    import time
+    proc = subprocess.Popen([sys.executable, "-m", "exercises", "list"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # inside `import torch` (over a second)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip() == "python -m exercises: interrupted", err
+
+
 def test_command_line_solution_is_for_teachers(capsys):
     """`solution N` first points to the second hint; with --show (or --yes-i-am-a-teacher) it prints a whole
     solving file; --help does not advertise it."""
