@@ -529,7 +529,8 @@ def main(argv=None):
     config_name, cfg = parse_args(argv)
     check_config(cfg)
     run = Run(config_name, cfg)  # reads and checks everything; writes nothing
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on Ctrl-C is the loop's (StopRequest)
+    if signal.getsignal(signal.SIGINT) is interrupted_at_start:   # from here on Ctrl-C is the loop's (StopRequest)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         train(run, argv)
         if run.master and cfg.task == "sft":

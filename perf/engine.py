@@ -260,8 +260,8 @@ class FastDecoder:
     size (max_len <= model.config.max_seq_len; default: that). cuda_graphs: capture the step
     (default: on CUDA). compile: torch.compile layer_in and layer_out (True, or a dict of
     torch.compile options, e.g. {"backend": ...}); their shapes are fixed for a decoder, so they
-    compile once per model kind and batch size, never per step or bucket. chunk: a power of two, the cache's alignment and split-K's chunk (see
-    bucket_len). split_k_from: split the softmax over chunks (split_k_attention) when a step
+    compile once per model kind and batch size, never per step or bucket. chunk: a power of
+    two, the cache's alignment and split-K's chunk (see bucket_len). split_k_from: split the softmax over chunks (split_k_attention) when a step
     reads at least this many keys; None: never. window_rows_from: from this many keys on,
     Orthros's base twin reads its window by rows, apart from the output twin (see
     decode_attention); None: never (SWA always does). "auto" (both): long_context_paths.
@@ -291,12 +291,11 @@ class FastDecoder:
         self.orthros = cfg.attn == "orthros"
         self.window = None if cfg.attn == "transformer" else cfg.window
         self.gather_window = cfg.attn == "swa"  # read the window by its rows (else: the masked bucket)
-        # NOTE: the cache is bucket_len(max_len) rows long, not max_len, so that
-        # every step reads a whole bucket, a multiple of chunk (256) keys. A step clamped to an odd
-        # count (say max_len = 4,151) sends the matmuls over the keys down a slow cuBLAS path on an
-        # H200, 2-13x slower than at a multiple of 256 (Orthros's (B*H, 2, D) x (D, n_keys) worst).
+        # NOTE: the cache is bucket_len(max_len) rows long, not max_len, so that every step reads
+        # a whole bucket, a multiple of chunk (256) keys. A step clamped to an odd count (say
+        # max_len = 4,151) sends the matmuls over the keys down a slow cuBLAS path on an H200,
+        # 2-13x slower than at a multiple of 256 (Orthros's (B*H, 2, D) x (D, n_keys) worst).
         self.cache = StaticKVCache(cfg, batch_size, max_len, device, dtype, chunk)
-        self.compiled = bool(compile)
         self.layer_in, self.layer_out = layer_in, layer_out
         if compile:
             self._compile(compile if isinstance(compile, dict) else {})
