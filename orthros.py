@@ -46,6 +46,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ATTN_TYPES = ("orthros", "transformer", "swa")
 SWA_IMPLS = ("auto", "flex", "blocked", "dense")
+SCALE_OFFSETS = ("alpha", "beta", "alpha_out", "beta_out")  # Alg. 1, line 5's parameters, in every layer
+IGNORE = -1  # the target of a position that is not trained (cross_entropy's ignore_index)
 
 
 # =============================================================================
@@ -167,8 +169,9 @@ class OrthrosAttention(nn.Module):
         # reference_attention's numbers, by the fastest exact kernel for the shape (part 3):
         o = fast_reference_attention(q, k, v, self.window, self.swa_impl, dropout_p)  # Alg. 1, line 8 (eq. 4)
         o_out = fast_reference_attention(q_out, k, v, None, self.swa_impl, dropout_p)  # Alg. 1, line 9 (eq. 5)
-        o = torch.cat([o, o_out], dim=2)                                       # Alg. 1, line 11
-        o = o.transpose(1, 2).reshape(B, -1, C)                                # Alg. 1, line 10: merge heads
+        merge = lambda o: o.transpose(1, 2).reshape(B, -1, C)                  # (B, H, rows, D) -> (B, rows, C)
+        o, o_out = merge(o), merge(o_out)                                      # Alg. 1, line 10: merge heads
+        o = torch.cat([o, o_out], dim=1)                                       # Alg. 1, line 11: (B, T + t_out, C)
         return self.c_proj(o)                                                  # Alg. 1, line 12: Y = O W_O
 
 
@@ -201,8 +204,9 @@ class Block(nn.Module):
 
 class LayerCache:
     """The naive KV cache of one layer: keys and values (after RoPE) of all S positions so far,
-    (B, H, S, D). Not only the last w: the output tokens' cross-attention reads them all."""
-    k = v = None
+    (B, H, S, D). Not only the last w: the output tokens' cross-attention reads them all.
+    conv_state: the optional convolution's last inputs (part 2), None without one."""
+    k = v = conv_state = None
 
     def append(self, k, v):
         """Add the new positions' k, v: (B, H, T, D) by concatenation; return all (B, H, S + T, D)."""
@@ -243,7 +247,7 @@ class Orthros(nn.Module):
 
     def forward(self, idx, targets=None, t_out=None, cache=None):
         """idx: (B, T) token ids; the last t_out positions are output positions (None = T).
-        targets: (B, T), the token after each position, -1 = ignore (all before the output
+        targets: (B, T), the token after each position, IGNORE (-1) = not trained (all before the output
         positions). cache: the KVCache that idx continues (prefill, decode). Returns the logits
         (B, t_out, vocab) and the mean cross-entropy over the non-ignored targets (or None)."""
         T, t_out = _check_inputs(self, idx, targets, t_out, cache)
@@ -326,11 +330,11 @@ def sample_next(logits, temperature=1.0, top_k=None):
 
 
 def cross_entropy(logits, targets):
-    """The mean cross-entropy (in float32 at least) over the targets that are not -1; 0, not
+    """The mean cross-entropy (in float32 at least) over the targets that are not IGNORE; 0, not
     NaN, when all are."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1, reduction="sum")
-    return loss / (targets != -1).sum().clamp(min=1)
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+    return loss / (targets != IGNORE).sum().clamp(min=1)
 
 
 def _check_config(config):
@@ -364,8 +368,10 @@ def _check_inputs(model, idx, targets, t_out, cache):
         raise ValueError(f"t_out must be an int with 1 <= t_out <= T={T}, got {t_out!r}")
     if targets is not None and targets.shape != idx.shape:
         raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}")
-    if targets is not None and (targets[:, :T - t_out] != -1).any():
-        raise ValueError(f"targets before the last t_out={t_out} positions must be -1 "
+    # NOTE: on CPU only. On a GPU, .any() in an `if` waits for the device at every step; there
+    # the targets come from data/sft.py's collate, which makes them this way.
+    if targets is not None and targets.device.type == "cpu" and (targets[:, :T - t_out] != IGNORE).any():
+        raise ValueError(f"targets before the last t_out={t_out} positions must be {IGNORE} "
                          "(ignored); raise t_out to cover every target you want trained")
     if cache is None:
         _check_length(T, "sequence length", model.config)
@@ -398,7 +404,7 @@ def _check_state_dict(own, state_dict):
                          f"{tuple(state_dict[wrong[0]].shape)}, this model's is {tuple(own[wrong[0]].shape)}. "
                          "Is it from a model of another size?")
     missing = [k for k in own if k not in state_dict]
-    bad_missing = [k for k in missing if k.rsplit(".", 1)[-1] not in ("alpha", "beta", "alpha_out", "beta_out")]
+    bad_missing = [k for k in missing if k.rsplit(".", 1)[-1] not in SCALE_OFFSETS]
     unexpected = [k for k in state_dict if k not in own]
     if bad_missing or unexpected:
         raise ValueError(f"state dict does not fit this model: missing {bad_missing}, "
@@ -420,7 +426,7 @@ class ShortConv(nn.Module):
 
     def forward(self, x, cache=None):
         """x: (B, T, C) -> (B, T, C), continuing from cache.conv_state when there is one."""
-        state = getattr(cache, "conv_state", None)
+        state = cache.conv_state if cache is not None else None
         if state is None:
             state = x.new_zeros(x.size(0), self.weight.size(-1) - 1, x.size(-1))
         y, state = causal_depthwise_conv(x, self.weight, state)
@@ -441,7 +447,7 @@ def causal_depthwise_conv(x, weight, state):
 # 3. Fast paths: the same numbers as part 1, faster. Skip on a first reading.
 # =============================================================================
 
-def fast_reference_attention(q, k, v, window=None, swa_impl="blocked", dropout_p=0.0):
+def fast_reference_attention(q, k, v, window=None, swa_impl="auto", dropout_p=0.0):
     """reference_attention(q, k, v, window) of part 1, by the cheapest exact kernel.
 
     q: (B, H, Tq, D), k, v: (B, H, Tk, D); the queries are always the last Tq of the Tk key

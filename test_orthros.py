@@ -28,7 +28,7 @@ import pytest
 import torch
 
 import orthros
-from orthros import (ATTN_TYPES, Orthros, OrthrosConfig, attention_mask, blocked_sliding_window_attention,
+from orthros import (ATTN_TYPES, SCALE_OFFSETS, Orthros, OrthrosConfig, attention_mask, blocked_sliding_window_attention,
                      causal_depthwise_conv, compile_blocks, fast_reference_attention, flex_sliding_window_attention,
                      in_window, reference_attention, sliding_window_block_mask)
 
@@ -43,7 +43,7 @@ def make_model(attn="orthros", seed=0, dtype=torch.float64, randomize=True, **ov
     if randomize:
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if name.split(".")[-1] in ("alpha", "beta", "alpha_out", "beta_out") or ".conv." in name:
+                if name.split(".")[-1] in SCALE_OFFSETS or ".conv." in name:
                     p.add_(0.5 * torch.randn_like(p))
     return model
 
@@ -371,7 +371,7 @@ def test_conversion_is_a_pure_weight_copy():
     for name, w in transformer.state_dict().items():
         assert torch.equal(sd_o[name], w)
     extra = set(sd_o) - set(transformer.state_dict())
-    assert extra == {f"blocks.{i}.attn.{n}" for i in range(2) for n in ("alpha", "beta", "alpha_out", "beta_out")}
+    assert extra == {f"blocks.{i}.attn.{n}" for i in range(2) for n in SCALE_OFFSETS}
     for name in extra:
         assert torch.all(sd_o[name] == (1.0 if "alpha" in name else 0.0))
 

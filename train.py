@@ -46,11 +46,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+from checkpoint import ArgumentParser, load_checkpoint, pick_device, save_checkpoint
 from data.prepare_utils import PretrainBatches, atomic_write, find_dataset, load_meta
 from data.sft import SFTBatches, exact_match_report
 from data.tokenizer import get_tokenizer
 from orthros import ATTN_TYPES, Orthros, OrthrosConfig, compile_blocks
-from sample import CKPT_FORMAT, ArgumentParser, load_checkpoint, pick_device
 
 
 @dataclass
@@ -247,12 +247,6 @@ def compile_works(device):
 
 # -----------------------------------------------------------------------------
 # The run's folder and its checkpoints: never write over another run's files; Ctrl-C saves
-
-def save_checkpoint(path, **state):
-    """Write state (tensors and plain values, for sample.load_checkpoint's weights_only=True) atomically:
-    a temp file, then a rename, so a crash mid-save leaves the previous checkpoint whole."""
-    atomic_write(path, lambda f: torch.save({"format": CKPT_FORMAT, **state}, f))
-
 
 def load_init_checkpoint(cfg):
     """The checkpoint the run starts from: None (scratch), out_dir/ckpt_last.pt (resume), or a path."""

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-IGNORE = -1  # the one ignore value for targets, everywhere (orthros.py's loss uses it too)
+from orthros import IGNORE  # the target value the loss skips: the one definition is the model's
 
 
 def read_jsonl(path):

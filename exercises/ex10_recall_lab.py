@@ -31,7 +31,7 @@ python -m exercises check 10 --runs swa=DIR,orthros=DIR
 import json
 from pathlib import Path
 
-from sample import load_checkpoint
+from checkpoint import load_checkpoint
 
 
 def recall_summary(run_dir):

@@ -1155,7 +1155,7 @@ def tiny_model(attn="orthros", seed=0, randomize=True, **overrides):
     if randomize:
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if name.split(".")[-1] in ("alpha", "beta", "alpha_out", "beta_out") or name.endswith("conv.weight"):
+                if name.split(".")[-1] in orthros.SCALE_OFFSETS or name.endswith("conv.weight"):
                     p.add_(0.5 * torch.randn_like(p))
     return model
 

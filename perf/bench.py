@@ -55,7 +55,7 @@ sys.path.insert(0, str(REPO))  # run as a script (python perf/bench.py): import 
 from data.prepare_utils import atomic_write
 from orthros import KVCache, Orthros, OrthrosConfig, compile_blocks
 from perf.engine import FastDecoder, bucket_len, long_context_paths
-from sample import pick_device, sync
+from checkpoint import pick_device, sync
 
 MODELS = ("transformer", "orthros", "swa")  # the Transformer first: the others' speedups need it
 DECODE_VARIANTS = ("naive", "naive+compile", "fast", "fast+compile")  # model.decode with the KVCache, or

@@ -12,23 +12,16 @@ import torch
 
 from perf import engine
 from perf.engine import FastDecoder, attend, bucket_len, chunked_attention, key_masks, split_k_attention
+import test_orthros
 from orthros import ATTN_TYPES, Orthros, OrthrosConfig
 
 VOCAB = 61
 
 
 def make_model(attn="orthros", conv_kernel=0, dtype=torch.float32, **overrides):
-    """A tiny model with its scale-offsets (and convolution) moved off identity, so the twins differ."""
-    kw = dict(vocab_size=VOCAB, n_layer=2, n_head=2, n_embd=16, window=8, attn=attn, max_seq_len=400,
-              conv_kernel=conv_kernel)
-    kw.update(overrides)
-    torch.manual_seed(0)
-    model = Orthros(OrthrosConfig(**kw)).to(dtype).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.split(".")[-1] in ("alpha", "beta", "alpha_out", "beta_out") or ".conv." in name:
-                p.add_(0.5 * torch.randn_like(p))
-    return model
+    """test_orthros.py's tiny model (scale-offsets and convolution off identity), in float32 by default."""
+    return test_orthros.make_model(attn, dtype=dtype, **{"vocab_size": VOCAB, "max_seq_len": 400,
+                                                         "conv_kernel": conv_kernel, **overrides})
 
 
 def greedy(decoder, idx, steps):
@@ -296,7 +289,7 @@ def trained_tiny(tmp_path_factory):
     tokens from its validation text."""
     import numpy as np
     import train
-    from sample import load_checkpoint, model_from_checkpoint
+    from checkpoint import load_checkpoint, model_from_checkpoint
     from data.prepare_utils import DATA_ROOT
     out_dir = tmp_path_factory.mktemp("tiny") / "run"
     train.main(["--config", "tiny", "--device", "cuda", "--max_iters", "300", "--eval_interval", "300",

@@ -142,7 +142,7 @@ RIGHT = {
        "    with torch.no_grad():\n        for l, block in enumerate(model.blocks):\n"
        "            z = block(z, 1, rope, cache.layers[l])\n        cache.length += 1\n"
        "        return model.lm_head(model.ln_f(z))[:, -1:], cache\n",
-    10: "import json\nfrom pathlib import Path\n\nfrom sample import load_checkpoint\n\n\ndef recall_summary(run_dir):\n"
+    10: "import json\nfrom pathlib import Path\n\nfrom checkpoint import load_checkpoint\n\n\ndef recall_summary(run_dir):\n"
         "    config = load_checkpoint(Path(run_dir) / 'ckpt_last.pt')['model_config']\n"
         "    with open(Path(run_dir) / 'exact_match.json') as f:\n        buckets = json.load(f)\n"
         "    w, L = config['window'], config['n_layer']\n    inside, beyond = [0, 0], [0, 0]\n"

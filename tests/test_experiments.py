@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from repro import experiments as ex
-from sample import load_checkpoint
-from train import save_checkpoint
+from checkpoint import load_checkpoint
+from checkpoint import save_checkpoint
 from data.recall.prepare import PRESETS
 from data.sft import encode_example
 from data.tokenizer import get_tokenizer

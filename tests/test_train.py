@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import train
-from sample import load_checkpoint, model_from_checkpoint
-from train import save_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint
+from checkpoint import save_checkpoint
 from data.sft import collate, encode_example
 from data.tokenizer import get_tokenizer
 from orthros import Orthros, OrthrosConfig

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from exercises.framework import Bug, Case, Mutant, randn, tiny_model
 from exercises.solutions import ex04_algorithm1 as solution
-from orthros import Block, Orthros, OrthrosAttention, OrthrosConfig, apply_rope, attention_mask, rope_cos_sin
+from orthros import SCALE_OFFSETS, Block, Orthros, OrthrosAttention, OrthrosConfig, apply_rope, attention_mask, rope_cos_sin
 
 TITLE = "Algorithm 1 with the scale-offsets"
 DIFFICULTY = 3
@@ -151,7 +151,7 @@ def layer(seed=0, n_head=2, n_embd=16, window=3, **overrides):
     attn = OrthrosAttention(config).double().eval()
     with torch.no_grad():
         for name, p in attn.named_parameters():
-            if name in ("alpha", "beta", "alpha_out", "beta_out"):
+            if name in SCALE_OFFSETS:
                 p.add_(0.5 * torch.randn_like(p))
             else:
                 torch.nn.init.normal_(p, std=0.02 if n_embd > 64 else 0.3)

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 from data.recall.prepare import PRESETS
 from exercises.framework import REPO, Bug, Case, Mutant, NotReady, Wrong, short, student_side
 from orthros import OrthrosConfig
-from sample import load_checkpoint
-from train import save_checkpoint
+from checkpoint import load_checkpoint
+from checkpoint import save_checkpoint
 from exercises.solutions import ex10_recall_lab as solution
 
 TITLE = "The recall lab"

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from sample import load_checkpoint
+from checkpoint import load_checkpoint
 
 
 def recall_summary(run_dir):

@@ -1,0 +1,112 @@
+"""
+Checkpoints: the one home of their format. train.py writes them, sample.py, perf/, repro/ and
+the exercises read them, all through this file.
+
+    from checkpoint import save_checkpoint, load_checkpoint, model_from_checkpoint
+    save_checkpoint("out/run/ckpt_last.pt", model=model.state_dict(), model_config=..., step=...)
+    ckpt = load_checkpoint("out/run/ckpt_last.pt")    # a dict; weights_only: opening it runs no code
+    model = model_from_checkpoint(ckpt)               # orthros.Orthros with the checkpoint's weights
+
+A checkpoint is a dict saved by torch.save, holding only tensors and plain values:
+    format        "orthros-checkpoint-v1" (anything else is refused)
+    model         the model's state_dict
+    model_config  the OrthrosConfig fields, as a dict
+    step          optimizer steps taken
+    and, from train.py: optimizer, best_val_loss, train_config, config_name, tokenizer, dataset, rng.
+
+Also here, because train.py and sample.py both need them and no script imports another: the
+device choice (pick_device, sync) and the command line's one-line errors (ArgumentParser).
+"""
+
+import argparse
+import re
+from pathlib import Path
+
+import torch
+
+from data.prepare_utils import atomic_write
+from orthros import Orthros, OrthrosConfig
+
+CKPT_FORMAT = "orthros-checkpoint-v1"
+
+
+def save_checkpoint(path, **state):
+    """Write state (tensors and plain values, so that weights_only loading reads it) atomically:
+    a temp file, then a rename, so a crash mid-save leaves the previous checkpoint whole."""
+    atomic_write(path, lambda f: torch.save({"format": CKPT_FORMAT, **state}, f))
+
+
+def load_checkpoint(path, device="cpu"):
+    """Read a checkpoint that save_checkpoint wrote. weights_only=True: opening a file cannot run code."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # torch's own messages run to paragraphs: say why in one sentence
+        with open(path, "rb") as f:
+            is_zip = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        why = ("the file is truncated or corrupt (it is not a complete torch zip archive)." if is_zip else
+               f"it holds a Python object ({found[1]}), which weights_only loading refuses so that opening a "
+               "file cannot run code." if found else "it is not a torch checkpoint (its bytes do not unpickle as one).")
+        raise ValueError(f"{path} is not a loadable checkpoint: {why}") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CKPT_FORMAT:
+        raise ValueError(f"{path} is a torch file but not an orthros checkpoint (no '{CKPT_FORMAT}' marker); "
+                         "only checkpoints written by this repo's train.py can be loaded")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt, **config_overrides):
+    """The model a checkpoint describes, with its weights. config_overrides may change fields that
+    do not touch the weights, e.g. max_seq_len for longer generation."""
+    model = Orthros(OrthrosConfig(**{**ckpt["model_config"], **config_overrides}))
+    model.load_state_dict(ckpt["model"])
+    return model
+
+
+def find_latest_checkpoint(out_dir):
+    """The most recently written checkpoint (*.pt) under out_dir, searching subfolders too."""
+    found = [p for p in Path(out_dir).rglob("*.pt") if p.is_file()]
+    if not found:
+        raise FileNotFoundError(f"no checkpoint (*.pt) under {out_dir}/: train one first "
+                                "(python train.py --config tiny), or pass --ckpt PATH")
+    return max(found, key=lambda p: p.stat().st_mtime)
+
+
+# -----------------------------------------------------------------------------
+# Shared by the scripts: the device, and one-line command-line errors
+
+def pick_device(name="auto"):
+    """'auto' -> cuda if a GPU is usable, else mps (Apple silicon), else cpu. An explicit name is
+    checked, so a missing GPU is one clear error rather than a traceback from deep in torch."""
+    has_mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if has_mps else "cpu"
+    kind, _, index = name.partition(":")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} was asked for, but this torch has no usable CUDA GPU "
+                         f"(torch {torch.__version__}); use --device cpu (or auto)")
+    if kind == "cuda" and index.isdigit() and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    if kind == "mps" and not has_mps:
+        raise ValueError(f"device {name!r} was asked for, but MPS is not available here; use --device cpu")
+    if kind not in ("cuda", "mps", "cpu") or (kind != "cuda" and index):
+        raise ValueError(f"unknown device {name!r}: choose auto, cpu, cuda, cuda:N or mps")
+    return name
+
+
+def sync(device):
+    """Wait for the device's queued work (a no-op on CPU), so that a timer measures the work."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    elif torch.device(device).type == "mps":
+        torch.mps.synchronize()
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one line ("error: --top_k must be >= 1"); --help still shows all."""
+
+    def error(self, message):
+        message = re.sub(r"^argument (--\w+)(/-\w+)?: ", r"\1 ", message)
+        raise SystemExit(f"error: {message}; {self.prog} --help lists every option")
