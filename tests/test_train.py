@@ -243,7 +243,7 @@ def test_sample_finds_the_newest_checkpoint(tiny_ckpt, tmp_path):
     assert f"loaded {older} " in r.stdout
 
 
-def test_sample_errors_are_clear(tmp_path, tiny_ckpt, gpt2_bpe):
+def test_sample_errors_are_clear(tmp_path, tiny_ckpt):
     """No checkpoint, an empty prompt, a corrupt, truncated or foreign file, an unencodable prompt, bad
     sampling options, a non-UTF-8 prompt file, a missing GPU: one clear line each, no traceback."""
     (tmp_path / "corrupt.pt").write_bytes(b"\x80\x02not a checkpoint")
