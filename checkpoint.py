@@ -14,11 +14,13 @@ A checkpoint is a dict saved by torch.save, holding only tensors and plain value
     step          optimizer steps taken
     and, from train.py: optimizer, best_val_loss, train_config, config_name, tokenizer, dataset, rng.
 
-Also here, because train.py and sample.py both need them and no script imports another: the
-device choice (pick_device, sync) and the command line's one-line errors (ArgumentParser).
+Also here: the rules of a run's folder (a run never writes over another run's files), and,
+because train.py and sample.py both need them and no script imports another, the device choice
+(pick_device, sync) and the command line's one-line errors (ArgumentParser).
 """
 
 import argparse
+import json
 import re
 from pathlib import Path
 
@@ -57,6 +59,20 @@ def load_checkpoint(path, device="cpu"):
     return ckpt
 
 
+def load_start(init_from, out_dir):
+    """The checkpoint a training run starts from: None ("scratch"), out_dir/ckpt_last.pt ("resume"),
+    or the file init_from names. Raises ValueError with what to do when there is none."""
+    if init_from == "scratch":
+        return None
+    path = Path(out_dir) / "ckpt_last.pt" if init_from == "resume" else Path(init_from)
+    try:
+        return load_checkpoint(path)
+    except (FileNotFoundError, ValueError) as e:
+        hint = (". Check --out_dir (or --config and --attn, which set the default out_dir); a run saves "
+                "ckpt_last.pt at every eval and on Ctrl-C") if init_from == "resume" else ""
+        raise ValueError(f"--init_from {init_from}: {e}{hint}") from None
+
+
 def model_from_checkpoint(ckpt, **config_overrides):
     """The model a checkpoint describes, with its weights. config_overrides may change fields that
     do not touch the weights, e.g. max_seq_len for longer generation."""
@@ -72,6 +88,41 @@ def find_latest_checkpoint(out_dir):
         raise FileNotFoundError(f"no checkpoint (*.pt) under {out_dir}/: train one first "
                                 "(python train.py --config tiny), or pass --ckpt PATH")
     return max(found, key=lambda p: p.stat().st_mtime)
+
+
+# -----------------------------------------------------------------------------
+# A run's folder (train.py's out_dir): a run never writes over another run's files
+
+RUN_FILES = ("log.jsonl", "ckpt_last.pt", "ckpt_best.pt", "exact_match.json")  # what a run writes there
+
+
+def claim_out_dir(out_dir, init_from, overwrite):
+    """Before a run writes anything: out_dir holds no other run (unless it resumes it, or overwrite)
+    and not the checkpoint it starts from. Raises ValueError saying what to do instead."""
+    out_dir = Path(out_dir)
+    if init_from not in ("scratch", "resume") and out_dir.resolve() in Path(init_from).resolve().parents:
+        raise ValueError(f"--init_from {init_from} lies in --out_dir {out_dir}: this run would write over the run "
+                         "it starts from. Give it its own --out_dir")
+    present = [name for name in RUN_FILES if (out_dir / name).exists()]
+    if present and init_from != "resume" and not overwrite:
+        raise ValueError(f"{out_dir} already holds a run ({', '.join(present)}). Continue it with --init_from "
+                         "resume, start a new one with --out_dir NEW_DIR, or replace it with --overwrite true")
+
+
+def open_log(out_dir, resume, overwrite, start_step):
+    """out_dir/log.jsonl for appending. A resumed run first drops the records after its checkpoint's
+    step (they are about to be redone); overwrite first deletes the previous run's files."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "log.jsonl"
+    if resume and path.exists():
+        kept = [line for line in path.read_text().splitlines(keepends=True)
+                if line.strip() and json.loads(line).get("step", 0) <= start_step]
+        atomic_write(path, lambda f: f.write("".join(kept)), mode="w")
+    elif overwrite:
+        for name in RUN_FILES:
+            (out_dir / name).unlink(missing_ok=True)
+    return open(path, "a")
 
 
 # -----------------------------------------------------------------------------

@@ -12,33 +12,20 @@ Train Orthros, or a baseline, on one GPU, on CPU, or on several GPUs with torchr
 Every field of TrainConfig is an option (--help lists them). Pre-training trains every position
 (t_out = T); SFT trains only the responses, with the smallest t_out that covers them (data/sft.py).
 A run never writes over another run's files, and Ctrl-C stops after the step and saves ckpt_last.pt.
+On a terminal a progress bar shows the steps; into a file or a pipe, one line per log_interval steps.
 """
-
-import os
-import signal
-import sys
-
-
-def interrupted_at_start(*_):
-    """Ctrl-C before training starts (torch still loading, the run being set up): one line, then exit at
-    once. Nothing is written before training, so nothing is lost. NOTE: os._exit, not sys.exit: a
-    SystemExit raised inside `import torch` can be swallowed there, and the run would go on."""
-    sys.stderr.write("\ninterrupted before training started; nothing was written\n")
-    os._exit(1)
-
-
-if __name__ == "__main__":
-    signal.signal(signal.SIGINT, interrupted_at_start)
 
 import argparse
 import dataclasses
-import inspect
 import json
 import math
+import os
 import re
+import signal
+import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -46,54 +33,77 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from checkpoint import ArgumentParser, load_checkpoint, pick_device, save_checkpoint
+from checkpoint import ArgumentParser, claim_out_dir, load_start, open_log, pick_device, save_checkpoint
 from data.prepare_utils import PretrainBatches, atomic_write, find_dataset, load_meta
 from data.sft import SFTBatches, exact_match_report
 from data.tokenizer import get_tokenizer
-from orthros import ATTN_TYPES, Orthros, OrthrosConfig, compile_blocks
+from orthros import Orthros, OrthrosConfig, compile_blocks
+
+
+def option(default, help, check=None):
+    """A TrainConfig field: its default, its --help text, and check = (accepts(value), what it
+    accepts) or None. The model's fields are checked once, by OrthrosConfig (orthros.py)."""
+    return field(default=default, metadata={"help": help, "check": check})
+
+
+def at_least(low):
+    return (lambda v: v >= low), f"must be >= {low}"
+
+
+def one_of(*choices):
+    return (lambda v: v in choices), f"must be one of {', '.join(choices)}"
+
+
+FRACTION = (lambda v: 0 <= v <= 1), "must be in [0, 1]"
+BELOW_ONE = (lambda v: 0 <= v < 1), "must be in [0, 1)"
 
 
 @dataclass
 class TrainConfig:
     # data
-    task: str = "pretrain"         # pretrain (every position predicts) | sft (prompt/response JSONL)
-    dataset: str = "stdlib"        # a name in data/ (prepared on first use), or a folder path (SFT JSONL)
-    sft_overlong: str = "drop"     # SFT examples longer than seq_len: drop | truncate (drops the oldest tokens)
-    curriculum: str = ""           # SFT: a split (e.g. train_short) used for the first curriculum_frac of steps
-    curriculum_frac: float = 0.5   # SFT: share of the steps that use the curriculum split
-    eval_exact_match: int = -1     # SFT: test examples to generate at the end (-1 = all, 0 = none)
-    # model (see OrthrosConfig in orthros.py)
-    attn: str = "orthros"          # orthros | transformer | swa
-    scale_offset: bool = True      # false = the paper's "Orthros w/o SO" ablation
-    window: int = 128              # w, the sliding window (the paper uses 128)
-    n_layer: int = 6               # layers
-    n_head: int = 6                # attention heads (n_embd / n_head must be even)
-    n_embd: int = 384              # model width C
-    dropout: float = 0.0           # dropout on embeddings, attention and residual branches
-    conv_kernel: int = 0           # optional short convolution before K and V (not in the paper; 0 = off)
-    seq_len: int = 1024            # T, tokens per training sequence
-    max_seq_len: int = 0           # longest sequence the model accepts; 0 = seq_len
+    task: str = option("pretrain", "pretrain (every position predicts) | sft (prompt/response JSONL)",
+                       one_of("pretrain", "sft"))
+    dataset: str = option("stdlib", "a name in data/ (prepared on first use), or a folder path (SFT JSONL)")
+    sft_overlong: str = option("drop", "SFT examples longer than seq_len: drop | truncate (drops the oldest tokens)",
+                               one_of("drop", "truncate"))
+    curriculum: str = option("", "SFT: a split (e.g. train_short) used for the first curriculum_frac of steps")
+    curriculum_frac: float = option(0.5, "SFT: share of the steps that use the curriculum split", FRACTION)
+    eval_exact_match: int = option(-1, "SFT: test examples to generate at the end (-1 = all, 0 = none)", at_least(-1))
+    # model: OrthrosConfig in orthros.py
+    attn: str = option("orthros", "orthros | transformer | swa")
+    scale_offset: bool = option(True, "false = the paper's 'Orthros w/o SO' ablation")
+    window: int = option(128, "w, the sliding window (the paper uses 128)")
+    n_layer: int = option(6, "layers")
+    n_head: int = option(6, "attention heads (n_embd / n_head must be even)")
+    n_embd: int = option(384, "model width C")
+    dropout: float = option(0.0, "dropout on embeddings, attention and residual branches", BELOW_ONE)
+    conv_kernel: int = option(0, "optional short convolution before K and V (not in the paper; 0 = off)")
+    seq_len: int = option(1024, "T, tokens per training sequence", at_least(1))
+    max_seq_len: int = option(0, "longest sequence the model accepts; 0 = seq_len", at_least(0))
     # optimization: AdamW, linear warmup then cosine decay to min_lr_ratio * lr
-    batch_size: int = 16           # sequences per micro-step (per GPU under torchrun)
-    grad_accum: int = 1            # micro-steps per optimizer step
-    max_iters: int = 2000          # optimizer steps in all (0 = evaluate and save the initial model)
-    lr: float = 1e-3               # peak learning rate
-    min_lr_ratio: float = 0.1      # the final learning rate, as a fraction of lr
-    warmup_iters: int = 100        # steps of linear warmup
-    weight_decay: float = 0.1      # AdamW weight decay, on matrices only
-    beta1: float = 0.9             # AdamW beta1
-    beta2: float = 0.95            # AdamW beta2
-    grad_clip: float = 1.0         # clip the gradient norm to this (0 = off)
+    batch_size: int = option(16, "sequences per micro-step (per GPU under torchrun)", at_least(1))
+    grad_accum: int = option(1, "micro-steps per optimizer step", at_least(1))
+    max_iters: int = option(2000, "optimizer steps in all (0 = evaluate and save the initial model)", at_least(0))
+    lr: float = option(1e-3, "peak learning rate", at_least(0))
+    min_lr_ratio: float = option(0.1, "the final learning rate, as a fraction of lr", FRACTION)
+    warmup_iters: int = option(100, "steps of linear warmup", at_least(0))
+    weight_decay: float = option(0.1, "AdamW weight decay, on matrices only", at_least(0))
+    beta1: float = option(0.9, "AdamW beta1", BELOW_ONE)
+    beta2: float = option(0.95, "AdamW beta2", BELOW_ONE)
+    grad_clip: float = option(1.0, "clip the gradient norm to this (0 = off)", at_least(0))
     # evaluation, logging, checkpoints
-    eval_interval: int = 250       # evaluate and checkpoint every this many steps
-    eval_iters: int = 20           # batches per split in each evaluation
-    out_dir: str = ""              # where logs and checkpoints go; "" = out/<config>-<attn>[-sft-<dataset>]
-    init_from: str = "scratch"     # scratch | resume (out_dir/ckpt_last.pt) | path/to/ckpt.pt (e.g. a transformer to convert)
-    overwrite: bool = False        # true = replace the run already in out_dir (its log and checkpoints are deleted)
-    seed: int = 1337               # seeds the weights, the batches and the dropout
-    device: str = "auto"           # auto (cuda, else mps, else cpu) | cpu | cuda | cuda:N | mps
-    dtype: str = "auto"            # auto (bf16 autocast where supported, else fp32) | float32 | bfloat16
-    compile: bool = False          # torch.compile each block (orthros.compile_blocks)
+    eval_interval: int = option(250, "evaluate and checkpoint every this many steps", at_least(1))
+    eval_iters: int = option(20, "batches per split in each evaluation", at_least(1))
+    log_interval: int = option(10, "steps per log line when the output is not a terminal", at_least(1))
+    out_dir: str = option("", "where logs and checkpoints go; '' = out/<config>-<attn>[-sft-<dataset>]")
+    init_from: str = option("scratch", "scratch | resume (out_dir/ckpt_last.pt) | path/to/ckpt.pt "
+                                       "(e.g. a transformer to convert)")
+    overwrite: bool = option(False, "true = replace the run already in out_dir (its log and checkpoints are deleted)")
+    seed: int = option(1337, "seeds the weights, the batches and the dropout")
+    device: str = option("auto", "auto (cuda, else mps, else cpu) | cpu | cuda | cuda:N | mps")
+    dtype: str = option("auto", "auto (bf16 autocast where supported, else fp32) | float32 | bfloat16",
+                        one_of("auto", "float32", "bfloat16"))
+    compile: bool = option(False, "torch.compile each block (orthros.compile_blocks)")
 
 
 CONFIGS = {  # named presets: each sets only what differs from the defaults above
@@ -111,8 +121,6 @@ CONFIGS = {  # named presets: each sets only what differs from the defaults abov
                         conv_kernel=3, seq_len=384, batch_size=32, max_iters=2400, lr=3e-3, warmup_iters=50,
                         eval_interval=200, eval_iters=5, curriculum="train_short", weight_decay=0.0),
 }
-SHAPE_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "conv_kernel")  # a checkpoint's values win
-RUN_FILES = ("log.jsonl", "ckpt_last.pt", "ckpt_best.pt", "exact_match.json")  # what a run writes in out_dir
 
 
 def fail(message):
@@ -121,12 +129,7 @@ def fail(message):
 
 
 # -----------------------------------------------------------------------------
-# The command line, generated from TrainConfig: each field's comment is its help
-
-def field_help():
-    """{field name: the comment after it in TrainConfig's source}."""
-    return dict(re.findall(r"^\s+(\w+): \w+ = .*?#\s*(.*)$", inspect.getsource(TrainConfig), re.M))
-
+# The command line, generated from TrainConfig
 
 def value_parser(typ):
     """The argparse type of a field, with errors that read 'takes an integer, got ...'."""
@@ -139,37 +142,37 @@ def value_parser(typ):
     return parse
 
 
-def config_name(name):
-    if name not in CONFIGS:
-        raise argparse.ArgumentTypeError(f"unknown config {name!r}; choose one of {', '.join(CONFIGS)}")
-    return name
-
-
 def build_parser():
     presets = "\n".join(f"  {name:<12} " + (" ".join(f"{k}={v}" for k, v in preset.items()) or "the defaults below")
                         for name, preset in CONFIGS.items())
     parser = ArgumentParser(prog="python train.py", description=__doc__, allow_abbrev=False,
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             epilog=f"named configs (--config NAME; each sets only what it lists):\n{presets}")
-    parser.add_argument("--config", default="small", type=config_name, metavar="NAME",
-                        help=f"a named preset: {', '.join(CONFIGS)} (default: small)")
-    helps = field_help()
+    parser.add_argument("--config", choices=CONFIGS, help="a named preset (default: small)")
     for f in fields(TrainConfig):
         parser.add_argument(f"--{f.name}", type=value_parser(f.type), default=argparse.SUPPRESS, metavar=f.type.__name__.upper(),
-                            help=f"{helps.get(f.name, '')} (default: {f.default!r})".replace("%", "%%"))
+                            help=f"{f.metadata['help']} (default: {f.default!r})".replace("%", "%%"))
     return parser
 
 
 def parse_args(argv):
-    """--config NAME plus --key value overrides -> (config name, TrainConfig)."""
+    """--config NAME plus --key value overrides -> (config name, TrainConfig), every value checked."""
     args, unknown = build_parser().parse_known_args(argv)
     if unknown:
         key = unknown[0].split("=")[0]
         fail((f"unknown option {key}" if key.startswith("--") else f"expected --key value, got {unknown[0]!r}")
              + "; python train.py --help lists every option")
     values = vars(args)
-    name = values.pop("config")
+    given = values.pop("config")
+    name = given or "small"
+    if given is None and not torch.cuda.is_available():
+        print("note: no --config: running small, a GPU config (hours on a CPU); --config tiny is the laptop's")
     cfg = TrainConfig(**{**CONFIGS[name], **values})
+    for f in fields(cfg):
+        if f.metadata["check"] and not f.metadata["check"][0](getattr(cfg, f.name)):
+            fail(f"--{f.name} {f.metadata['check'][1]}, got {getattr(cfg, f.name)!r}")
+    if cfg.max_seq_len and cfg.max_seq_len < cfg.seq_len:
+        fail(f"--max_seq_len ({cfg.max_seq_len}) must be 0 or >= --seq_len ({cfg.seq_len})")
     if not cfg.out_dir:  # out/<config>-<attn>[-noso]; SFT on a pre-training config adds -sft-<dataset>
         cfg.out_dir = f"out/{name}-{cfg.attn}" + ("-noso" if cfg.attn == "orthros" and not cfg.scale_offset else "")
         if cfg.task != CONFIGS[name].get("task", "pretrain"):
@@ -177,51 +180,32 @@ def parse_args(argv):
     return name, cfg
 
 
-def check_config(cfg):
-    """Every option's range, before anything is read or written."""
-    choices = {"task": ("pretrain", "sft"), "attn": ATTN_TYPES, "sft_overlong": ("drop", "truncate"), "dtype": ("auto", "float32", "bfloat16")}
-    for key, allowed in choices.items():
-        if getattr(cfg, key) not in allowed:
-            fail(f"--{key} must be one of {', '.join(allowed)}, got {getattr(cfg, key)!r}")
-    at_least = dict(batch_size=1, grad_accum=1, eval_interval=1, eval_iters=1, seq_len=1, window=1, n_layer=1, n_head=1,
-                    n_embd=1, max_iters=0, warmup_iters=0, max_seq_len=0, conv_kernel=0, lr=0, weight_decay=0, grad_clip=0)
-    for key, low in at_least.items():
-        if getattr(cfg, key) < low:
-            fail(f"--{key} must be >= {low}, got {getattr(cfg, key)}")
-    for key, top in {"min_lr_ratio": "]", "curriculum_frac": "]", "beta1": ")", "beta2": ")", "dropout": ")"}.items():
-        value = getattr(cfg, key)
-        if not 0 <= value <= 1 or (top == ")" and value == 1):
-            fail(f"--{key} must be in [0, 1{top}, got {value}")
-    if cfg.max_seq_len and cfg.max_seq_len < cfg.seq_len:
-        fail(f"--max_seq_len ({cfg.max_seq_len}) must be 0 or >= --seq_len ({cfg.seq_len})")
-
-
 # -----------------------------------------------------------------------------
-# The model, the optimizer, the schedule, evaluation
+# The model, the schedule
 
-def build_model(config_name, cfg, ckpt, vocab_size, device):
+def build_model(config_name, cfg, ckpt, vocab_size):
     """The model from scratch, resumed, or initialised from another checkpoint's weights."""
-    model_args = dict(vocab_size=vocab_size, n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
-                      window=cfg.window, attn=cfg.attn, scale_offset=cfg.scale_offset, dropout=cfg.dropout,
-                      conv_kernel=cfg.conv_kernel, max_seq_len=cfg.max_seq_len or cfg.seq_len)
-    if ckpt is not None:  # shapes come from the checkpoint; on resume everything does
-        preset, shapes = TrainConfig(**CONFIGS[config_name]), ckpt["model_config"]
-        ignored = [f"--{k} {getattr(cfg, k)}" for k in SHAPE_FIELDS[1:] if getattr(preset, k) != getattr(cfg, k) != shapes[k]]
-        if ignored:
-            print(f"note: {', '.join(ignored)} ignored: the checkpoint's shape wins ("
-                  + ", ".join(f"{k}={shapes[k]}" for k in SHAPE_FIELDS[1:]) + ")")
-        if cfg.init_from == "resume":
-            model_args = dict(shapes)
-        else:  # attn, window, scale_offset from this run: transformer -> orthros is the paper's conversion
-            model_args.update({k: shapes[k] for k in SHAPE_FIELDS})
-            model_args["max_seq_len"] = max(model_args["max_seq_len"], cfg.seq_len)
+    chosen = dict(attn=cfg.attn, window=cfg.window, scale_offset=cfg.scale_offset, dropout=cfg.dropout)
+    max_len = cfg.max_seq_len or cfg.seq_len
+    if ckpt is None:
+        model_args = dict(vocab_size=vocab_size, n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
+                          conv_kernel=cfg.conv_kernel, max_seq_len=max_len, **chosen)
+    elif cfg.init_from == "resume":
+        model_args = ckpt["model_config"]
+    else:  # the checkpoint's shape; attn, window, scale-offset from this run: transformer -> orthros is the conversion
+        model_args = {**ckpt["model_config"], **chosen}
+        model_args["max_seq_len"] = max(model_args["max_seq_len"], max_len)
+    preset, shape = TrainConfig(**CONFIGS[config_name]), ("n_layer", "n_head", "n_embd", "conv_kernel")
+    ignored = [f"--{k} {getattr(cfg, k)}" for k in shape if getattr(cfg, k) not in (getattr(preset, k), model_args[k])]
+    if ignored:  # asked for (not the preset's value), and not the checkpoint's
+        print(f"note: {', '.join(ignored)} ignored: the checkpoint's shape wins ({', '.join(f'{k}={model_args[k]}' for k in shape)})")
     try:
-        model = Orthros(OrthrosConfig(**model_args)).to(device)
+        model = Orthros(OrthrosConfig(**model_args))
         if ckpt is not None and cfg.init_from == "resume":
             model.load_state_dict(ckpt["model"])
         elif ckpt is not None:
             model.load_transformer_weights(ckpt["model"])
-    except ValueError as e:  # heads that do not divide n_embd; weights of another model
+    except ValueError as e:  # an impossible model; weights of another model
         fail(f"--init_from {cfg.init_from}: {e}" if ckpt is not None else str(e))
     return model
 
@@ -237,64 +221,19 @@ def lr_at(step, cfg):
 def compile_works(device):
     """Whether torch.compile works here (it needs Triton on GPUs, a C++ compiler on CPU): a note, not a traceback."""
     try:
-        torch.compile(lambda x: x + 1)(torch.ones(1, device=device))
-        return True
+        return torch.compile(lambda x: x + 1)(torch.ones(1, device=device)) is not None
     except Exception as e:
-        print(f"note: torch.compile does not work here ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-              "training without it")
+        print(f"note: torch.compile does not work here ({type(e).__name__}: {str(e).splitlines()[0][:200]}); training without it")
         return False
 
 
 # -----------------------------------------------------------------------------
-# The run's folder and its checkpoints: never write over another run's files; Ctrl-C saves
-
-def load_init_checkpoint(cfg):
-    """The checkpoint the run starts from: None (scratch), out_dir/ckpt_last.pt (resume), or a path."""
-    if cfg.init_from == "scratch":
-        return None
-    path = Path(cfg.out_dir) / "ckpt_last.pt" if cfg.init_from == "resume" else Path(cfg.init_from)
-    try:
-        return load_checkpoint(path)
-    except FileNotFoundError:
-        if cfg.init_from == "resume":
-            fail(f"--init_from resume: no checkpoint at {path} to resume. Check --out_dir (or --config and "
-                 "--attn, which set the default out_dir); a run saves ckpt_last.pt at every eval and on Ctrl-C")
-        fail(f"--init_from {cfg.init_from}: no such checkpoint file")
-    except ValueError as e:
-        fail(f"--init_from {cfg.init_from}: {e}")
-
-
-def claim_out_dir(cfg):
-    """Before anything is written: out_dir holds no other run (unless resumed or --overwrite) nor our start."""
-    out_dir = Path(cfg.out_dir)
-    if cfg.init_from not in ("scratch", "resume") and out_dir.resolve() in Path(cfg.init_from).resolve().parents:
-        fail(f"--init_from {cfg.init_from} lies in --out_dir {out_dir}: this run would write over the run it "
-             "starts from. Give it its own --out_dir")
-    present = [name for name in RUN_FILES if (out_dir / name).exists()]
-    if present and cfg.init_from != "resume" and not cfg.overwrite:
-        fail(f"{out_dir} already holds a run ({', '.join(present)}). Continue it with --init_from resume, "
-             "start a new one with --out_dir NEW_DIR, or replace it with --overwrite true")
-
-
-def open_log(cfg, start_step):
-    """out_dir/log.jsonl for appending. A resumed run first drops the records after its checkpoint's
-    step (they are about to be redone); --overwrite first deletes the previous run's files."""
-    out_dir = Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "log.jsonl"
-    if cfg.init_from == "resume" and path.exists():
-        kept = [line for line in path.read_text().splitlines(keepends=True)
-                if line.strip() and json.loads(line).get("step", 0) <= start_step]
-        atomic_write(path, lambda f: f.write("".join(kept)), mode="w")
-    elif cfg.overwrite:
-        for name in RUN_FILES:
-            (out_dir / name).unlink(missing_ok=True)
-    return open(path, "a")
-
+# The run's folder: never write over another run's files; Ctrl-C saves
 
 class StopRequest:
-    """SIGINT (Ctrl-C) and SIGTERM ask the loop to stop after the current step and save ckpt_last.pt.
-    A second Ctrl-C stops at once (KeyboardInterrupt), without saving; a repeated SIGTERM just waits."""
+    """While the run writes: SIGINT (Ctrl-C) and SIGTERM ask the loop to stop after the current step
+    and save ckpt_last.pt. A second Ctrl-C stops at once (KeyboardInterrupt), without saving; a
+    repeated SIGTERM just waits. Before it, Ctrl-C ends the run the way Python does: nothing is written yet."""
 
     def __enter__(self):
         self.signal = None
@@ -331,6 +270,8 @@ class Run:
         self.ddp = int(os.environ.get("RANK", -1)) != -1  # set by torchrun
         self.rank, self.world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if self.ddp else (0, 1)
         self.master = self.rank == 0  # rank 0 evaluates, logs and saves
+        # Our own errors (bad options, missing data, a foreign checkpoint) are ValueError or
+        # FileNotFoundError and say everything in one line; anything else (CUDA, NCCL, ...) keeps its traceback.
         try:
             self.device = pick_device(cfg.device)
             if self.ddp and self.device.startswith("cuda"):
@@ -342,7 +283,7 @@ class Run:
             if self.ddp:
                 dist.barrier()
             meta = load_meta(self.data_dir) if (self.data_dir / "meta.json").exists() else {}
-            self.init_ckpt = ckpt = load_init_checkpoint(cfg)
+            self.init_ckpt = ckpt = load_start(cfg.init_from, cfg.out_dir)
             # The tokenizer: the dataset's, else the checkpoint's, else bytes. They must agree.
             self.tokenizer_name = meta.get("tokenizer") or (ckpt or {}).get("tokenizer") or "byte"
             if ckpt is not None and ckpt["tokenizer"] != self.tokenizer_name:
@@ -352,14 +293,15 @@ class Run:
             self.batches = (PretrainBatches(self.data_dir, cfg.seq_len, self.device) if cfg.task == "pretrain" else
                             SFTBatches(self.data_dir, tokenizer, cfg.seq_len, cfg.sft_overlong, cfg.curriculum,
                                        self.device, log=self.print))
-        except (ValueError, RuntimeError, FileNotFoundError, UnicodeDecodeError) as e:
+            claim_out_dir(cfg.out_dir, cfg.init_from, cfg.overwrite)
+        except (ValueError, FileNotFoundError, UnicodeDecodeError) as e:
             fail(str(e).splitlines()[0])
         self.device_type = torch.device(self.device).type
         bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and self.device_type == "cuda" and torch.cuda.is_bf16_supported())
         self.ctx = torch.autocast(self.device_type, dtype=torch.bfloat16) if bf16 else nullcontext()
         self.precision = "bfloat16 autocast" if bf16 else "float32"
         torch.manual_seed(cfg.seed)
-        self.raw_model = build_model(config_name, cfg, ckpt, tokenizer.vocab_size, self.device)
+        self.raw_model = build_model(config_name, cfg, ckpt, tokenizer.vocab_size).to(self.device)
         decay = [p for p in self.raw_model.parameters() if p.dim() == 2]  # matrices; not norms, scale-offsets, conv
         rest = [p for p in self.raw_model.parameters() if p.dim() != 2]
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
@@ -377,7 +319,7 @@ class Run:
 
     def print(self, *args):
         if self.master:
-            print(*args)
+            tqdm.write(" ".join(map(str, args)))  # above the progress bar, if there is one
 
     def log(self, record):
         if self.master:
@@ -399,7 +341,8 @@ class Run:
         """The mean loss over eval_iters batches per split, the same batches every time (a fixed seed);
         once training has started, save ckpt_last.pt (and ckpt_best.pt when val improved)."""
         cfg, model, losses = self.cfg, self.raw_model.eval(), {}
-        bar = tqdm(total=2 * cfg.eval_iters, desc=f"eval at step {self.step}", unit="batch", leave=False)
+        bar = tqdm(total=2 * cfg.eval_iters, desc=f"eval at step {self.step}", unit="batch", leave=False,
+                   disable=None)  # None: only on a terminal
         for split in ("train", "val"):
             gen, total = torch.Generator().manual_seed(cfg.seed + 1), 0.0
             for _ in range(cfg.eval_iters):
@@ -411,7 +354,7 @@ class Run:
         bar.close()
         model.train()
         self.log({"step": self.step, "train_loss": losses["train"], "val_loss": losses["val"]})
-        tqdm.write(f"step {self.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        self.print(f"step {self.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         if self.step > self.start_step:
             if losses["val"] < self.best_val:
                 self.best_val = losses["val"]
@@ -463,9 +406,6 @@ class Run:
 def train(run, argv):
     """Claim out_dir, then the loop: evaluate every eval_interval steps; stop at max_iters or when asked."""
     cfg = run.cfg
-    claim_out_dir(cfg)
-    if run.ddp:
-        dist.barrier()  # every rank has checked out_dir before rank 0 writes into it
     run.print(f"config {run.config_name}: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()))
     run.print(f"model: {sum(p.numel() for p in run.raw_model.parameters()) / 1e6:.2f}M parameters, {run.raw_model.config}")
     run.print(f"device {run.device} ({run.precision}), world size {run.world}, data {run.data_dir} "
@@ -474,22 +414,32 @@ def train(run, argv):
     model = compile_blocks(run.raw_model) if cfg.compile and compile_works(run.device) else run.raw_model
     if run.ddp:
         model = DDP(model, device_ids=[int(run.device.split(":")[1])] if run.device_type == "cuda" else None)
-    if run.master:
-        run.log_file = open_log(cfg, run.step)
-    with StopRequest() as stop:
+    if run.ddp:
+        dist.barrier()  # every rank has checked out_dir (in Run) before rank 0 writes into it
+    with StopRequest() as stop:  # from the first write on, Ctrl-C saves
+        if run.master:
+            run.log_file = open_log(cfg.out_dir, cfg.init_from == "resume", cfg.overwrite, run.step)
         if run.master and run.step == 0:
             run.evaluate()
-        bar = tqdm(total=cfg.max_iters, initial=run.step, disable=not run.master, unit="step", dynamic_ncols=True)
-        t_last = time.time()
+        # The progress bar on a terminal; into a file or a pipe, one line per log_interval steps.
+        bar = tqdm(total=cfg.max_iters, initial=run.step, disable=None if run.master else True, unit="step",
+                   dynamic_ncols=True)
+        t_last = time.perf_counter()
         while run.step < cfg.max_iters and not run.stop_requested(stop):
             record = run.train_step(model)
-            record["tok_per_s"], t_last = record.pop("tokens") / (time.time() - t_last), time.time()
+            seconds = time.perf_counter() - t_last
+            record.update(ms_per_step=1000 * seconds, tok_per_s=record.pop("tokens") / seconds)
             run.log(record)
-            bar.update(1)
-            bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tok_per_s']:,.0f}",
-                            **({"t_out/T": f"{record['t_out_share']:.2f}"} if cfg.task == "sft" else {}))
+            sft = {"t_out/T": f"{record['t_out_share']:.2f}"} if cfg.task == "sft" else {}
+            if not bar.disable:
+                bar.update(1)
+                bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tok_per_s']:,.0f}", **sft)
+            elif run.step % cfg.log_interval == 0:
+                run.print(f"step {run.step}: loss {record['loss']:.4f}, {record['ms_per_step']:.1f} ms/step, "
+                          f"{record['tok_per_s']:,.0f} tok/s" + "".join(f", {k} {v}" for k, v in sft.items()))
             if run.master and (run.step % cfg.eval_interval == 0 or run.step == cfg.max_iters):
                 run.evaluate()
+            t_last = time.perf_counter()  # after the eval: each step is timed alone
         bar.close()
         if run.master and run.saved.get("ckpt_last.pt") != run.step:
             run.checkpoint("ckpt_last.pt")  # after a stop request, and for --max_iters 0
@@ -521,10 +471,7 @@ def sft_report(run):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     config_name, cfg = parse_args(argv)
-    check_config(cfg)
     run = Run(config_name, cfg)  # reads and checks everything; writes nothing
-    if signal.getsignal(signal.SIGINT) is interrupted_at_start:   # from here on Ctrl-C is the loop's (StopRequest)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         train(run, argv)
         if run.master and cfg.task == "sft":
@@ -550,5 +497,5 @@ def main(argv=None):
 if __name__ == "__main__":
     try:
         main()
-    except KeyboardInterrupt:  # a second Ctrl-C
+    except KeyboardInterrupt:  # a second Ctrl-C in the loop
         sys.exit("\ninterrupted: stopped at once; checkpoints already in out_dir are whole (they are written atomically)")

