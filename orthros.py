@@ -46,7 +46,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ATTN_TYPES = ("orthros", "transformer", "swa")
 SWA_IMPLS = ("auto", "flex", "blocked", "dense")
-SCALE_OFFSETS = ("alpha", "beta", "alpha_out", "beta_out")  # Alg. 1, line 5's parameters, in every layer
+SCALE_OFFSETS = ("alpha", "beta", "alpha_out", "beta_out")  # the scale-offsets of every layer (Alg. 1, line 5)
 IGNORE = -1  # the target of a position that is not trained (cross_entropy's ignore_index)
 
 

