@@ -8,6 +8,7 @@ Train Orthros, or a baseline, on one GPU, on CPU, or on several GPUs with torchr
     python train.py --config small --init_from resume  # continue the run in out_dir from ckpt_last.pt
     python train.py --config tiny --task sft --dataset data/sft_example --init_from out/tiny-orthros/ckpt_best.pt
     torchrun --standalone --nproc_per_node=2 train.py --config small   # DistributedDataParallel
+    torchrun --standalone --nproc_per_node=8 train.py ... --fsdp true  # sharded (FSDP2): models one GPU cannot hold
 
 Every field of TrainConfig is an option (--help lists them). Pre-training trains every position
 (t_out = T); SFT trains only the responses, with the smallest t_out that covers them (data/sft.py).
@@ -17,6 +18,7 @@ On a terminal a progress bar shows the steps; into a file or a pipe, one line pe
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -30,6 +32,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
@@ -61,11 +65,9 @@ BELOW_ONE = (lambda v: 0 <= v < 1), "must be in [0, 1)"
 @dataclass
 class TrainConfig:
     # data
-    task: str = option("pretrain", "pretrain (every position predicts) | sft (prompt/response JSONL)",
-                       one_of("pretrain", "sft"))
+    task: str = option("pretrain", "pretrain (every position predicts) | sft (prompt/response JSONL)", one_of("pretrain", "sft"))
     dataset: str = option("stdlib", "a name in data/ (prepared on first use), or a folder path (SFT JSONL)")
-    sft_overlong: str = option("drop", "SFT examples longer than seq_len: drop | truncate (drops the oldest tokens)",
-                               one_of("drop", "truncate"))
+    sft_overlong: str = option("drop", "SFT examples longer than seq_len: drop | truncate (the oldest tokens)", one_of("drop", "truncate"))
     curriculum: str = option("", "SFT: a split (e.g. train_short) used for the first curriculum_frac of steps")
     curriculum_frac: float = option(0.5, "SFT: share of the steps that use the curriculum split", FRACTION)
     eval_exact_match: int = option(-1, "SFT: test examples to generate at the end (-1 = all, 0 = none)", at_least(-1))
@@ -96,14 +98,14 @@ class TrainConfig:
     eval_iters: int = option(20, "batches per split in each evaluation", at_least(1))
     log_interval: int = option(10, "steps per log line when the output is not a terminal", at_least(1))
     out_dir: str = option("", "where logs and checkpoints go; '' = out/<config>-<attn>[-sft-<dataset>]")
-    init_from: str = option("scratch", "scratch | resume (out_dir/ckpt_last.pt) | path/to/ckpt.pt "
-                                       "(e.g. a transformer to convert)")
+    init_from: str = option("scratch", "scratch | resume (out_dir/ckpt_last.pt) | path/to/ckpt.pt (e.g. a transformer to convert)")
     overwrite: bool = option(False, "true = replace the run already in out_dir (its log and checkpoints are deleted)")
     seed: int = option(1337, "seeds the weights, the batches and the dropout")
     device: str = option("auto", "auto (cuda, else mps, else cpu) | cpu | cuda | cuda:N | mps")
-    dtype: str = option("auto", "auto (bf16 autocast where supported, else fp32) | float32 | bfloat16",
-                        one_of("auto", "float32", "bfloat16"))
+    dtype: str = option("auto", "auto (bf16 where supported, else fp32) | float32 | bfloat16", one_of("auto", "float32", "bfloat16"))
     compile: bool = option(False, "torch.compile each block (orthros.compile_blocks)")
+    fsdp: bool = option(False, "under torchrun: shard weights, gradients and optimizer state (FSDP2) instead of DDP")
+    activation_checkpointing: bool = option(False, "with --fsdp: recompute each block's activations in the backward pass")
 
 
 CONFIGS = {  # named presets: each sets only what differs from the defaults above
@@ -218,6 +220,20 @@ def lr_at(step, cfg):
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def shard(model, activation_checkpointing, bf16):
+    """FSDP2, in place: each Block, then the rest (embedding, final norm, head), becomes a unit whose
+    weights, gradients and optimizer state are split across the processes and gathered only while
+    it runs. bf16 compute with float32 gradient reduction where bf16 runs; with activation
+    checkpointing a block's activations are recomputed in the backward pass instead of stored."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    for block in model.blocks:
+        if activation_checkpointing:  # the module stays a Block: its state dict keeps its names
+            block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+
+
 def compile_works(device):
     """Whether torch.compile works here (it needs Triton on GPUs, a C++ compiler on CPU): a note, not a traceback."""
     try:
@@ -267,9 +283,12 @@ class Run:
 
     def __init__(self, config_name, cfg):
         self.config_name, self.cfg, self.out_dir = config_name, cfg, Path(cfg.out_dir)
-        self.ddp = int(os.environ.get("RANK", -1)) != -1  # set by torchrun
+        self.ddp = int(os.environ.get("RANK", -1)) != -1  # set by torchrun: DDP, or FSDP with --fsdp
         self.rank, self.world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if self.ddp else (0, 1)
-        self.master = self.rank == 0  # rank 0 evaluates, logs and saves
+        self.master = self.rank == 0  # rank 0 logs and saves
+        self.fsdp = self.ddp and cfg.fsdp
+        if not self.ddp and (cfg.fsdp or cfg.activation_checkpointing):
+            print("note: --fsdp and --activation_checkpointing act only under torchrun; one process trains as usual")
         # Our own errors (bad options, missing data, a foreign checkpoint) are ValueError or
         # FileNotFoundError and say everything in one line; anything else (CUDA, NCCL, ...) keeps its traceback.
         try:
@@ -298,18 +317,21 @@ class Run:
             fail(str(e).splitlines()[0])
         self.device_type = torch.device(self.device).type
         bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and self.device_type == "cuda" and torch.cuda.is_bf16_supported())
-        self.ctx = torch.autocast(self.device_type, dtype=torch.bfloat16) if bf16 else nullcontext()
-        self.precision = "bfloat16 autocast" if bf16 else "float32"
+        self.ctx = torch.autocast(self.device_type, dtype=torch.bfloat16) if bf16 and not self.fsdp else nullcontext()
+        self.precision = ("bfloat16" + (" (FSDP)" if self.fsdp else " autocast")) if bf16 else "float32"
         torch.manual_seed(cfg.seed)
         self.raw_model = build_model(config_name, cfg, ckpt, tokenizer.vocab_size).to(self.device)
+        if self.fsdp:
+            shard(self.raw_model, cfg.activation_checkpointing, bf16)
         decay = [p for p in self.raw_model.parameters() if p.dim() == 2]  # matrices; not norms, scale-offsets, conv
         rest = [p for p in self.raw_model.parameters() if p.dim() != 2]
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                                           lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=self.device_type == "cuda")
+                                           lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=self.device_type == "cuda" and not self.fsdp)
         self.train_gen = torch.Generator().manual_seed(cfg.seed)  # draws the training batches
         self.step, self.best_val = 0, float("inf")
         if ckpt is not None and cfg.init_from == "resume":
-            self.optimizer.load_state_dict(ckpt["optimizer"])
+            set_optimizer_state_dict(self.raw_model, self.optimizer, ckpt["optimizer"],
+                                     options=StateDictOptions(full_state_dict=self.fsdp))
             self.step, self.best_val = ckpt["step"], ckpt["best_val_loss"]
             self.train_gen.set_state(ckpt["rng"]["data"])
             torch.set_rng_state(ckpt["rng"]["torch"])
@@ -327,22 +349,25 @@ class Run:
             self.log_file.flush()
 
     def checkpoint(self, name):
-        """Save everything a resume needs: model, optimizer, step, configs and the random states."""
+        """Save everything a resume needs: model, optimizer, step, configs and the random states. Every
+        rank calls it: under FSDP the full (unsharded) states are gathered to rank 0, which writes them."""
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the optimizer's keyed by parameter name
+        model, optimizer = get_model_state_dict(self.raw_model, options=full), get_optimizer_state_dict(
+            self.raw_model, self.optimizer, options=full)
+        self.saved[name] = self.step
         rng = {"data": self.train_gen.get_state(), "torch": torch.get_rng_state(),
                **({"cuda": torch.cuda.get_rng_state()} if self.device_type == "cuda" else {})}
-        save_checkpoint(self.out_dir / name, model=self.raw_model.state_dict(), optimizer=self.optimizer.state_dict(),
-                        step=self.step, best_val_loss=self.best_val, model_config=dataclasses.asdict(self.raw_model.config),
-                        train_config=dataclasses.asdict(self.cfg), config_name=self.config_name,
-                        tokenizer=self.tokenizer_name, dataset=self.cfg.dataset, rng=rng)
-        self.saved[name] = self.step
+        if self.master:
+            save_checkpoint(self.out_dir / name, model=model, optimizer=optimizer, step=self.step, best_val_loss=self.best_val,
+                            model_config=dataclasses.asdict(self.raw_model.config), train_config=dataclasses.asdict(self.cfg),
+                            config_name=self.config_name, tokenizer=self.tokenizer_name, dataset=self.cfg.dataset, rng=rng)
 
     @torch.no_grad()
     def evaluate(self):
         """The mean loss over eval_iters batches per split, the same batches every time (a fixed seed);
         once training has started, save ckpt_last.pt (and ckpt_best.pt when val improved)."""
         cfg, model, losses = self.cfg, self.raw_model.eval(), {}
-        bar = tqdm(total=2 * cfg.eval_iters, desc=f"eval at step {self.step}", unit="batch", leave=False,
-                   disable=None)  # None: only on a terminal
+        bar = tqdm(total=2 * cfg.eval_iters, desc=f"eval at step {self.step}", leave=False, disable=None)  # on a terminal
         for split in ("train", "val"):
             gen, total = torch.Generator().manual_seed(cfg.seed + 1), 0.0
             for _ in range(cfg.eval_iters):
@@ -378,7 +403,9 @@ class Run:
             n_tokens += x.numel() * self.world
             out_share += t_out / x.size(1) / cfg.grad_accum  # 1.0 in pre-training; SFT runs T + t_out, not 2T
             sync_grads = not self.ddp or micro == cfg.grad_accum - 1
-            with self.ctx, (nullcontext() if sync_grads else model.no_sync()):
+            if self.fsdp:
+                model.set_requires_gradient_sync(sync_grads)
+            with self.ctx, (nullcontext() if sync_grads or self.fsdp else model.no_sync()):
                 _, loss = model(x, y, t_out=t_out)
                 (loss / cfg.grad_accum).backward()
             loss_sum += loss.detach() / cfg.grad_accum
@@ -386,7 +413,8 @@ class Run:
             dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
         if not math.isfinite(loss_sum.item()):
             raise FloatingPointError(f"the training loss is {loss_sum.item()} at step {self.step + 1}")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.grad_clip or float("inf")).item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.grad_clip or float("inf"))
+        grad_norm = (grad_norm.full_tensor() if self.fsdp else grad_norm).item()  # under FSDP a DTensor
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -395,12 +423,11 @@ class Run:
 
     def stop_requested(self, stop):
         """Whether a stop was asked for, on any rank (they must all stop at the same step)."""
-        if not self.ddp:
-            return stop.signal is not None
-        flag = torch.tensor(float(stop.signal is not None), device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        stop.signal = stop.signal or ("a stop request on another rank" if flag.item() else None)
-        return bool(flag.item())
+        if self.ddp:
+            flag = torch.tensor(float(stop.signal is not None), device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            stop.signal = stop.signal or ("a stop request on another rank" if flag.item() else None)
+        return stop.signal is not None
 
 
 def train(run, argv):
@@ -408,22 +435,20 @@ def train(run, argv):
     cfg = run.cfg
     run.print(f"config {run.config_name}: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()))
     run.print(f"model: {sum(p.numel() for p in run.raw_model.parameters()) / 1e6:.2f}M parameters, {run.raw_model.config}")
-    run.print(f"device {run.device} ({run.precision}), world size {run.world}, data {run.data_dir} "
-              f"({run.tokenizer_name} tokenizer)" + (f"; initialised from {cfg.init_from}" if run.init_ckpt else "")
-              + (f" at step {run.step}" if run.step else ""))
+    run.print(f"device {run.device} ({run.precision}), world size {run.world}, data {run.data_dir} ({run.tokenizer_name} "
+              f"tokenizer)" + (f"; initialised from {cfg.init_from}" if run.init_ckpt else "") + (f" at step {run.step}" if run.step else ""))
     model = compile_blocks(run.raw_model) if cfg.compile and compile_works(run.device) else run.raw_model
-    if run.ddp:
+    if run.ddp and not run.fsdp:
         model = DDP(model, device_ids=[int(run.device.split(":")[1])] if run.device_type == "cuda" else None)
     if run.ddp:
         dist.barrier()  # every rank has checked out_dir (in Run) before rank 0 writes into it
     with StopRequest() as stop:  # from the first write on, Ctrl-C saves
         if run.master:
             run.log_file = open_log(cfg.out_dir, cfg.init_from == "resume", cfg.overwrite, run.step)
-        if run.master and run.step == 0:
+        if run.step == 0:  # every rank evaluates (under FSDP a forward needs them all); rank 0 logs
             run.evaluate()
         # The progress bar on a terminal; into a file or a pipe, one line per log_interval steps.
-        bar = tqdm(total=cfg.max_iters, initial=run.step, disable=None if run.master else True, unit="step",
-                   dynamic_ncols=True)
+        bar = tqdm(total=cfg.max_iters, initial=run.step, disable=None if run.master else True, unit="step", dynamic_ncols=True)
         t_last = time.perf_counter()
         while run.step < cfg.max_iters and not run.stop_requested(stop):
             record = run.train_step(model)
@@ -437,11 +462,11 @@ def train(run, argv):
             elif run.step % cfg.log_interval == 0:
                 run.print(f"step {run.step}: loss {record['loss']:.4f}, {record['ms_per_step']:.1f} ms/step, "
                           f"{record['tok_per_s']:,.0f} tok/s" + "".join(f", {k} {v}" for k, v in sft.items()))
-            if run.master and (run.step % cfg.eval_interval == 0 or run.step == cfg.max_iters):
+            if run.step % cfg.eval_interval == 0 or run.step == cfg.max_iters:
                 run.evaluate()
             t_last = time.perf_counter()  # after the eval: each step is timed alone
         bar.close()
-        if run.master and run.saved.get("ckpt_last.pt") != run.step:
+        if run.saved.get("ckpt_last.pt") != run.step:
             run.checkpoint("ckpt_last.pt")  # after a stop request, and for --max_iters 0
     if stop.signal is not None:
         run.print(f"stopped by {stop.signal} after step {run.step}; saved {run.out_dir}/ckpt_last.pt. "
@@ -451,19 +476,21 @@ def train(run, argv):
 
 def sft_report(run):
     """What the T_in/T_out split saved, and the exact-match accuracy on test.jsonl if there is one."""
-    shares = [r["t_out_share"] for r in map(json.loads, open(run.out_dir / "log.jsonl")) if "t_out_share" in r]
+    shares = [r["t_out_share"] for r in map(json.loads, open(run.out_dir / "log.jsonl")) if "t_out_share" in r] if run.master else []
     if shares:
         mean = sum(shares) / len(shares)
-        print(f"SFT: the output stream covered {mean:.1%} of the positions on average: the T_in/T_out "
-              f"split saved {1 - mean:.1%} of the output-token work against t_out = T")
+        run.print(f"SFT: the output stream covered {mean:.1%} of the positions on average: the T_in/T_out "
+                  f"split saved {1 - mean:.1%} of the output-token work against t_out = T")
+    if not (run.master or run.fsdp):  # under FSDP every rank takes part in each forward
+        return
 
     def greedy(prompts, n_new):  # through the model's KV cache
         idx = torch.tensor(prompts, device=run.device)
         with run.ctx:
             return run.raw_model.eval().generate(idx, n_new, temperature=0)[:, idx.size(1):].tolist()
 
-    scores = exact_match_report(run.batches.examples.get("test", []), greedy, run.cfg.eval_exact_match)
-    if scores:
+    scores = exact_match_report(run.batches.examples.get("test", []), greedy, run.cfg.eval_exact_match, log=run.print)
+    if scores and run.master:
         run.log({"step": run.step, "exact_match": scores})
         atomic_write(run.out_dir / "exact_match.json", lambda f: f.write(json.dumps(scores, indent=2) + "\n"), mode="w")
 
@@ -474,7 +501,7 @@ def main(argv=None):
     run = Run(config_name, cfg)  # reads and checks everything; writes nothing
     try:
         train(run, argv)
-        if run.master and cfg.task == "sft":
+        if cfg.task == "sft":
             sft_report(run)
     except FloatingPointError as e:
         if run.master:

@@ -41,7 +41,7 @@ def tokenize(docs, tokenizer, append_eot=True, desc="tokenizing"):
     # uint16 halves the disk and memory of int32; it holds ids up to 65535 (GPT-2 needs 50256).
     assert tokenizer.vocab_size <= 2**16, f"vocab {tokenizer.vocab_size} does not fit in uint16"
     chunks = []
-    for doc in tqdm(docs, desc=desc, unit="doc"):
+    for doc in tqdm(docs, desc=desc, unit="doc", disable=None):  # None: a bar on a terminal only
         ids = tokenizer.encode(doc) + ([tokenizer.eot] if append_eot else [])
         chunks.append(np.array(ids, dtype=np.uint16))
     return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint16)

@@ -158,18 +158,18 @@ def exact_match(examples, generate, batch_size=64):
     return {b: {"n": len(h), "accuracy": sum(h) / len(h)} for b, h in sorted(hits.items(), key=_bucket_order)}
 
 
-def exact_match_report(examples, generate, limit=-1):
-    """exact_match on the first `limit` examples (-1 = all) that keep a prompt, printed; returns the
-    scores, or None when there is nothing to score."""
+def exact_match_report(examples, generate, limit=-1, log=print):
+    """exact_match on the first `limit` examples (-1 = all) that keep a prompt, reported through log;
+    returns the scores, or None when there is nothing to score."""
     examples = examples[:None if limit < 0 else limit]
     scorable = [ex for ex in examples if has_prompt(ex)]
     if len(scorable) < len(examples):
-        print(f"note: {len(examples) - len(scorable)} of {len(examples)} test examples are not scored: "
-              "truncation to seq_len left no prompt before their answer")
+        log(f"note: {len(examples) - len(scorable)} of {len(examples)} test examples are not scored: "
+            "truncation to seq_len left no prompt before their answer")
     if not scorable:
         return None
     scores = exact_match(scorable, generate)
-    print("exact-match accuracy of greedy generation (KV cache) on test.jsonl" + (
+    log("exact-match accuracy of greedy generation (KV cache) on test.jsonl" + (
         f": {scores['all']['accuracy']:.3f} ({scores['all']['n']} examples)" if list(scores) == ["all"] else
         ", by bucket:\n" + "\n".join(f"  {b:>12}: {r['accuracy']:.3f}  ({r['n']} examples)" for b, r in scores.items())))
     return scores

@@ -193,21 +193,6 @@ def test_shape_options_ignored_by_a_checkpoint_are_reported(pretrained, tmp_path
     assert load_checkpoint(tmp_path / "ckpt_last.pt")["model_config"]["n_embd"] == 64
 
 
-def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path):
-    """torchrun with 2 gloo processes gives the same losses as one process on the same global batch."""
-    common = [*TINY, "--max_iters", "4", "--eval_interval", "4", "--lr", "1e-2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                    "train.py", *common, "--batch_size", "4", "--out_dir", str(tmp_path / "ddp")],
-                   cwd=REPO, env=env, check=True, capture_output=True)
-    run_train(tmp_path / "one", *common[len(TINY):], "--batch_size", "8")
-    ddp, _ = read_log(tmp_path / "ddp")
-    one, _ = read_log(tmp_path / "one")
-    assert sorted(ddp) == [1, 2, 3, 4]
-    for step in ddp:
-        assert ddp[step] == pytest.approx(one[step], abs=1e-5)
-
-
 # -----------------------------------------------------------------------------
 # What a run prints and logs
 

@@ -1,0 +1,87 @@
+"""
+train.py under torchrun on CPU (gloo): DistributedDataParallel, and FSDP2 (--fsdp true), against
+one process on the same global batch.
+
+    python -m pytest -q tests/test_distributed.py
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sample
+import train
+from checkpoint import load_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+# Within the warmup (tiny's is 10 steps) the learning rate does not depend on max_iters: a run of 3
+# steps resumed to 6 follows the same schedule as a run of 6.
+COMMON = ["--config", "tiny", "--device", "cpu", "--eval_iters", "2", "--eval_interval", "3", "--lr", "1e-2"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def torchrun(out_dir, *args, **kwargs):
+    """train.py under torchrun with 2 processes, each with half of the global batch of 8."""
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "train.py", *COMMON, "--batch_size", "4", "--out_dir", str(out_dir), *args],
+                          cwd=REPO, env=ENV, capture_output=True, text=True, **kwargs)
+
+
+def losses(out_dir):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(Path(out_dir) / "log.jsonl")) if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The losses of 6 steps in one process, batch 8."""
+    out = tmp_path_factory.mktemp("one")
+    train.main([*COMMON, "--batch_size", "8", "--max_iters", "6", "--out_dir", str(out)])
+    return losses(out)
+
+
+def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path, one_process):
+    """torchrun with 2 gloo processes (DDP) gives the same losses as one process on the same global batch."""
+    done = torchrun(tmp_path, "--max_iters", "6")
+    assert done.returncode == 0, done.stderr
+    assert losses(tmp_path) == pytest.approx(one_process, abs=1e-5)
+
+
+def test_fsdp_matches_one_process_resumes_exactly_and_writes_what_sample_reads(tmp_path, one_process, capsys):
+    """--fsdp true over 2 gloo processes: 3 steps, then resumed to 6, give one process's losses; the
+    checkpoint is full (unsharded), sample.py reads it, and it holds the optimizer state by parameter name."""
+    first = torchrun(tmp_path, "--fsdp", "true", "--max_iters", "3")
+    assert first.returncode == 0, first.stderr
+    assert load_checkpoint(tmp_path / "ckpt_last.pt")["step"] == 3
+    resumed = torchrun(tmp_path, "--fsdp", "true", "--max_iters", "6", "--init_from", "resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert losses(tmp_path) == pytest.approx(one_process, abs=1e-5)
+    ckpt = load_checkpoint(tmp_path / "ckpt_last.pt")
+    assert ckpt["step"] == 6 and "blocks.0.attn.c_q.weight" in ckpt["optimizer"]["state"]
+    assert all(type(w).__name__ == "Tensor" for w in ckpt["model"].values())   # no DTensor shards
+    sample.main(["--ckpt", str(tmp_path / "ckpt_last.pt"), "--device", "cpu", "--max_new_tokens", "5"])
+    assert "loaded" in capsys.readouterr().out
+
+
+def test_one_process_dying_ends_the_whole_run_naming_it(tmp_path):
+    """When one of the processes dies (as under the OOM killer), the run ends at once, not in a hang,
+    and torchrun names the dead process as the root cause."""
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             "train.py", *COMMON, "--batch_size", "4", "--fsdp", "true", "--max_iters", "100000",
+                             "--eval_interval", "100000", "--log_interval", "1", "--out_dir", str(tmp_path)],
+                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # training has started on both processes
+        if line.startswith("step 2:"):
+            break
+    rank1 = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+             if open(f"/proc/{pid}/stat").read().split()[3] == str(proc.pid)
+             and b"\0RANK=1\0" in b"\0" + open(f"/proc/{pid}/environ", "rb").read()]
+    os.kill(rank1[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)   # a hang would end here, as a failure
+    assert proc.returncode != 0
+    root_cause = err.split("Root Cause")[1]
+    assert "rank      : 1" in root_cause and "SIGKILL" in root_cause, err[-2000:]
