@@ -454,6 +454,8 @@ def train(run, argv):
             record = run.train_step(model)
             seconds = time.perf_counter() - t_last
             record.update(ms_per_step=1000 * seconds, tok_per_s=record.pop("tokens") / seconds)
+            if run.device_type == "cuda":  # the most this process's tensors have held so far
+                record["max_memory_gb"] = torch.cuda.max_memory_allocated() / 1e9
             run.log(record)
             sft = {"t_out/T": f"{record['t_out_share']:.2f}"} if cfg.task == "sft" else {}
             if not bar.disable:
