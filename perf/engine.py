@@ -6,11 +6,11 @@ step copies it) and runs a few hundred small kernels per token from Python. Fast
     device tensor: a step's shapes never change, and one CUDA graph replays every step;
   - computes both twins' attention in one fused FlexAttention call per layer: the queries
     (B, H, 2, D) of the base twin (row 0, its window: eq. 4) and the output twin (row 1, every
-    key: eq. 5) read each key once. The mask is orthros.in_window; the table of key blocks comes
-    from pos, so a step reads only the blocks up to the new token (SWA: its window's blocks);
+    key: eq. 5) read each key once (the baselines: one row). The mask is orthros.in_window; the
+    table of key blocks comes from pos: a step reads only the blocks up to the new token (SWA:
+    those of its window);
   - projects q, k and v with one matmul (W_Q, W_K, W_V stacked; not with the convolution), and
     with compile=True compiles each layer whole (norms, RoPE, MLP fused around the attention).
-The Transformer (one query row, every key) and SWA (one row, its window) run the same code.
 
     decoder = FastDecoder(model, batch_size=B, max_len=T + max_new_tokens)   # compile=True: faster
     logits, cache = decoder.prefill(idx)              # like model.prefill(idx)
@@ -27,27 +27,18 @@ from orthros import apply_rope, causal_depthwise_conv, in_window, rope_cos_sin
 
 BLOCK = 128  # FlexAttention's block of keys: the unit of its block table, and of the cache's rows
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what FlexAttention computes in
-
-
-def _flex_attention(*args, **kwargs):  # a code object of its own: orthros.py compiles flex_attention too
-    return flex_attention(*args, **kwargs)
-
-
+kv_heads = lambda attn: getattr(attn, "n_kv_head", attn.n_head)  # fewer than n_head with grouped-query attention
 # FlexAttention is one fused kernel only when compiled: with compile=False, the layers run eagerly
-# around this compiled copy (one graph per model kind, batch and cache size, for every length).
-compiled_flex_attention = torch.compile(_flex_attention, fullgraph=True, dynamic=False)
-
-
-def kv_heads(attn):
-    """The attention's number of key/value heads (fewer than its query heads with grouped-query attention)."""
-    return getattr(attn, "n_kv_head", attn.n_head)
+# around this compiled copy (one graph per model kind, batch and cache size, for every length). The
+# lambda is a code object of its own, with its own graphs: orthros.py compiles flex_attention too.
+compiled_flex_attention = torch.compile(lambda *args, **kwargs: flex_attention(*args, **kwargs),
+                                        fullgraph=True, dynamic=False)
 
 
 def block_table(pos, window, n_blocks):
-    """The key blocks that the token at position pos (a (1,) tensor) attends, as FlexAttention's
-    table: kv_num_blocks (1, 1, 1) and kv_indices (1, 1, 1, n_blocks), int32, the blocks from
-    the one holding key pos - window + 1 (window None: block 0) to the one holding key pos.
-    in_window trims them to the exact keys; the indices past kv_num_blocks are never read."""
+    """FlexAttention's table of the key blocks that the token at position pos (a (1,) tensor)
+    attends: kv_num_blocks (1, 1, 1) and kv_indices (1, 1, 1, n_blocks), int32, the blocks from
+    the one of key pos - window + 1 (window None: block 0) to the one of key pos (mask_mod trims)."""
     first = torch.zeros_like(pos) if window is None else (pos - window + 1).clamp(min=0) // BLOCK
     indices = (first + torch.arange(n_blocks, device=pos.device)).clamp(max=n_blocks - 1)
     return (pos // BLOCK - first + 1).int().view(1, 1, 1), indices.int().view(1, 1, 1, n_blocks)
@@ -58,21 +49,16 @@ def twin_mask(pos, windows):
     kv_idx where in_window(pos, kv_idx, windows[r]). Orthros: windows (w, None), row 0 the base
     twin (eq. 4), row 1 the output twin (eq. 5); the Transformer (None,); SWA (w,)."""
     def mask_mod(b, h, q_idx, kv_idx):
-        allowed = in_window(pos[0], kv_idx, windows[0])
-        if len(windows) == 2:
-            allowed = torch.where(q_idx == 0, allowed, in_window(pos[0], kv_idx, windows[1]))
-        return allowed
+        rows = [in_window(pos[0], kv_idx, window) for window in windows]
+        return rows[0] if len(rows) == 1 else torch.where(q_idx == 0, rows[0], rows[1])
     return mask_mod
 
 
 def layer(block, z, cache, pos, rope, weights, block_mask, attention, kernel_options):
     """Alg. 1 and Alg. 2, lines 4-7, for the new token: z (B, L, C), L = 2 (base twin, output
-    twin) for Orthros, 1 for the baselines; returns the layer's output (B, L, C).
-    cache: (K, V (B, H_kv, rows, D), conv state (B, K-1, C) or None): the base twin's k, v are
-    written at row pos (a (1,) tensor), the conv state in place. rope: (cos, sin) at pos.
-    weights: (W_Q, W_K, W_V stacked (or None with the convolution), their biases stacked or None,
-    the scale-offsets stacked per twin (alpha (2, C), beta (2, C)) or None). attention:
-    flex_attention (or its compiled copy) with block_mask and kernel_options."""
+    twin) for Orthros, 1 for the baselines -> the layer's output (B, L, C). cache: one layer's of
+    StaticKVCache (k, v, conv), written at row pos (a (1,) tensor); rope: (cos, sin) at pos;
+    weights: stacked_weights'; attention: flex_attention or its compiled copy."""
     attn = block.attn
     B, L, _ = z.shape
     H, H_kv, D = attn.n_head, kv_heads(attn), attn.head_dim
@@ -98,23 +84,28 @@ def layer(block, z, cache, pos, rope, weights, block_mask, attention, kernel_opt
     return z + block.mlp(block.ln_2(z))                                   # Alg. 2, lines 6-7
 
 
-class StaticKVCache:
-    """The fast decoder's cache for B sequences and max_len positions, allocated once, in rows =
-    max_len rounded up to whole blocks. Per layer l: k[l], v[l] (B, H_kv, rows, D), keys after
-    RoPE and values; conv[l] (B, conv_kernel - 1, C) or None. Rows >= length hold zeros or stale
-    values: the mask hides them (they must stay finite: they meet a weight of 0)."""
+def stacked_weights(attn):
+    """layer()'s weights of this attention, new tensors: (W_Q, W_K, W_V stacked, their biases
+    stacked, alpha (2, C), beta (2, C)), each None where it has none (W_QKV: with the convolution)."""
+    linears = (attn.c_q, attn.c_k, attn.c_v)
+    w_qkv = None if attn.conv is not None else torch.cat([m.weight for m in linears])
+    b_qkv = None if w_qkv is None or attn.c_q.bias is None else torch.cat([m.bias for m in linears])
+    if not attn.scale_offset:
+        return w_qkv, b_qkv, None, None
+    return w_qkv, b_qkv, torch.stack([attn.alpha, attn.alpha_out]), torch.stack([attn.beta, attn.beta_out])
 
-    def __init__(self, model, batch_size, max_len, device, dtype):
-        cfg, attn = model.config, model.blocks[0].attn
-        rows = -(-max_len // BLOCK) * BLOCK
-        zeros = lambda *shape: torch.zeros(*shape, device=device, dtype=dtype)
-        with torch.inference_mode(False):  # normal tensors: writable in and out of inference mode
-            self.k = [zeros(batch_size, kv_heads(attn), rows, attn.head_dim) for _ in model.blocks]
-            self.v = [zeros(batch_size, kv_heads(attn), rows, attn.head_dim) for _ in model.blocks]
-            self.conv = [zeros(batch_size, cfg.conv_kernel - 1, cfg.n_embd) if cfg.conv_kernel else None
-                         for _ in model.blocks]
-        self.batch_size, self.max_len, self.rows = batch_size, max_len, rows
-        self.length = 0  # valid positions
+
+class StaticKVCache:
+    """The fast decoder's cache of B sequences, in rows = max_len rounded up to whole blocks: per
+    layer l, k[l], v[l] (B, H_kv, rows, D), keys after RoPE and values, and conv[l] (B, K-1, C) or
+    None. Rows >= length hold zeros or stale values: masked, and finite (they meet a weight of 0)."""
+
+    def __init__(self, model, batch_size, max_len, zeros):
+        attn, rows, conv = model.blocks[0].attn, -(-max_len // BLOCK) * BLOCK, model.config.conv_kernel
+        self.k = [zeros(batch_size, kv_heads(attn), rows, attn.head_dim) for _ in model.blocks]
+        self.v = [zeros(batch_size, kv_heads(attn), rows, attn.head_dim) for _ in model.blocks]
+        self.conv = [zeros(batch_size, conv - 1, model.config.n_embd) if conv else None for _ in model.blocks]
+        self.batch_size, self.max_len, self.rows, self.length = batch_size, max_len, rows, 0
 
 
 class FastDecoder:
@@ -123,13 +114,11 @@ class FastDecoder:
     model: an Orthros (any attn) in eval mode, on its device, in float32, float16 or bfloat16.
     batch_size, max_len: the cache's size (max_len <= model.config.max_seq_len; default: that).
     compile: False: the layers run eagerly around compiled_flex_attention; True (or a dict of
-    torch.compile options, e.g. {"backend": ...}): each layer is compiled whole, one graph shared
-    by all layers. Either way one graph per model kind, batch size and cache size serves every
-    step. cuda_graphs: replay the step as a CUDA graph (default: on CUDA). kernel_options:
-    FlexAttention's (block sizes, warps, stages; perf/decode_probe.py sweeps them).
-    NOTE: W_Q, W_K, W_V (stacked) and the scale-offsets (stacked per twin) are copied at each
-    prefill(); the step reads the other weights where they are. Change weights between generations.
-    """
+    torch.compile options, e.g. {"backend": ...}): each layer compiled whole, one graph for all
+    layers. Either way one graph per model kind, batch and cache size serves every step.
+    cuda_graphs: default on CUDA. kernel_options: FlexAttention's (perf/decode_probe.py sweeps them).
+    NOTE: W_Q, W_K, W_V and the scale-offsets are copied (stacked) at each prefill(), the other
+    weights read where they are: change weights only between generations."""
 
     def __init__(self, model, batch_size, max_len=None, compile=False, cuda_graphs=None, kernel_options=None):
         cfg = model.config
@@ -143,49 +132,32 @@ class FastDecoder:
         if dtype not in DTYPES:
             raise ValueError(f"FastDecoder runs FlexAttention, which computes in {', '.join(map(str, DTYPES))}; "
                              f"the model is in {dtype}: convert it (model.float()) or decode with the model's own decode()")
-        self.model, self.kernel_options = model, kernel_options
-        self.orthros = cfg.attn == "orthros"
-        self.cache = StaticKVCache(model, batch_size, max_len, device, dtype)
+        self.model, self.kernel_options, self.orthros = model, kernel_options, cfg.attn == "orthros"
         window = model.blocks[0].attn.window                    # None for the Transformer
         windows = (window, None) if self.orthros else (window,)  # one per query row
         self.reach = None if None in windows else window        # how far back any row reads
         self.rope_options = {"scaling": cfg.rope_scaling} if getattr(cfg, "rope_scaling", None) else {}
-        with torch.inference_mode(False):
+        with torch.inference_mode(False):  # normal tensors: writable in and out of inference mode
+            self.cache = StaticKVCache(model, batch_size, max_len, lambda *s: torch.zeros(*s, device=device, dtype=dtype))
             self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # the step's input
             self.pos = torch.zeros(1, dtype=torch.long, device=device)                # ... and its position
-            n_blocks = self.cache.rows // BLOCK
-            kv_num_blocks, kv_indices = block_table(self.pos, self.reach, n_blocks)
-            self.block_mask = BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, BLOCK_SIZE=BLOCK,
-                                                       mask_mod=twin_mask(self.pos, windows),
-                                                       seq_lengths=(len(windows), self.cache.rows),
-                                                       compute_q_blocks=False)
-            self.weights = [self._stacked_weights(block, device, dtype) for block in model.blocks]
+            self.block_mask = BlockMask.from_kv_blocks(*block_table(self.pos, self.reach, self.cache.rows // BLOCK),
+                                                       BLOCK_SIZE=BLOCK, mask_mod=twin_mask(self.pos, windows),
+                                                       seq_lengths=(len(windows), self.cache.rows), compute_q_blocks=False)
+            with torch.no_grad():
+                self.weights = [stacked_weights(block.attn) for block in model.blocks]
         # NOTE: more graphs than torch._dynamo's default recompile_limit (8), e.g. three model kinds
         # at three batch sizes, would make it run the function eagerly without a word.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        self.layer, self.attention = layer, compiled_flex_attention
-        if compile:
-            options = compile if isinstance(compile, dict) else {}
-            self.layer = torch.compile(layer, fullgraph=True, dynamic=False, **options)
-            self.attention = flex_attention   # inside the compiled layer
+        options = compile if isinstance(compile, dict) else {}
+        self.layer = torch.compile(layer, fullgraph=True, dynamic=False, **options) if compile else layer
+        self.attention = flex_attention if compile else compiled_flex_attention   # compiled in the layer, or alone
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
-        self.graph = None  # (CUDAGraph, its static logits), captured at the first decode
-
-    @staticmethod
-    def _stacked_weights(block, device, dtype):
-        """Empty tensors for layer()'s weights (W_QKV, b_QKV, alpha, beta) of this block, or None."""
-        attn = block.attn
-        empty = lambda *shape: torch.empty(*shape, device=device, dtype=dtype)
-        n_out = sum(m.out_features for m in (attn.c_q, attn.c_k, attn.c_v))
-        w_qkv = None if attn.conv is not None else empty(n_out, attn.c_q.in_features)
-        b_qkv = None if w_qkv is None or attn.c_q.bias is None else empty(n_out)
-        alpha, beta = (empty(2, attn.c_q.out_features), empty(2, attn.c_q.out_features)) if attn.scale_offset else (None, None)
-        return w_qkv, b_qkv, alpha, beta
+        self.graph = self.graph_logits = None  # the CUDA graph and its output, captured at the first decode
 
     @torch.no_grad()
     def prefill(self, idx):
-        """Run the prompt idx: (B, T) with the model's own prefill, then copy its keys, values
-        and conv state into the static cache (load). Returns logits (B, 1, vocab) and the cache."""
+        """The prompt idx (B, T) by the model's own prefill, its cache load()ed: (logits (B, 1, vocab), cache)."""
         cache = self.cache
         if idx.dim() != 2 or idx.size(0) != cache.batch_size:
             raise ValueError(f"prefill got idx of shape {tuple(idx.shape)}; this decoder was built for "
@@ -207,19 +179,13 @@ class FastDecoder:
             raise ValueError(f"a cache of batch size {naive.batch_size} and length {T} does not fit this "
                              f"decoder (batch_size={cache.batch_size}, max_len={cache.max_len})")
         for l, block in enumerate(self.model.blocks):
-            layer_cache, attn = naive.layers[l], block.attn
-            cache.k[l][:, :, :T].copy_(layer_cache.k)
-            cache.v[l][:, :, :T].copy_(layer_cache.v)
+            cache.k[l][:, :, :T].copy_(naive.layers[l].k)
+            cache.v[l][:, :, :T].copy_(naive.layers[l].v)
             if cache.conv[l] is not None:
-                cache.conv[l].copy_(layer_cache.conv_state)
-            w_qkv, b_qkv, alpha, beta = self.weights[l]
-            if w_qkv is not None:
-                w_qkv.copy_(torch.cat([attn.c_q.weight, attn.c_k.weight, attn.c_v.weight]))
-            if b_qkv is not None:
-                b_qkv.copy_(torch.cat([attn.c_q.bias, attn.c_k.bias, attn.c_v.bias]))
-            if alpha is not None:
-                alpha.copy_(torch.stack([attn.alpha, attn.alpha_out]))
-                beta.copy_(torch.stack([attn.beta, attn.beta_out]))
+                cache.conv[l].copy_(naive.layers[l].conv_state)
+            for mine, theirs in zip(self.weights[l], stacked_weights(block.attn)):
+                if mine is not None:  # in place: a captured CUDA graph reads these tensors
+                    mine.copy_(theirs)
         cache.length = T
         return cache
 
@@ -231,9 +197,8 @@ class FastDecoder:
         self.token.copy_(next_idx.reshape(-1, 1))
         self.pos.fill_(cache.length)
         if self.cuda_graphs:
-            graph, logits = self._graph()
-            graph.replay()
-            logits = logits.clone()  # the graph overwrites its output at the next replay
+            self._graph().replay()
+            logits = self.graph_logits.clone()  # the graph overwrites its output at the next replay
         else:
             logits = self._step()
         cache.length += 1
@@ -257,9 +222,9 @@ class FastDecoder:
         x = model.wte(self.token)                                       # (B, 1, C)
         z = torch.cat([x, x], dim=1) if self.orthros else x             # Alg. 2, line 2: the two twins
         rope = rope_cos_sin(self.pos, model.blocks[0].attn.head_dim, cfg.rope_base, x.dtype, **self.rope_options)
-        kv_num_blocks, kv_indices = block_table(self.pos, self.reach, c.rows // BLOCK)
-        self.block_mask.kv_num_blocks.copy_(kv_num_blocks)             # the blocks up to the new token
-        self.block_mask.kv_indices.copy_(kv_indices)
+        for table, new in zip((self.block_mask.kv_num_blocks, self.block_mask.kv_indices),
+                              block_table(self.pos, self.reach, c.rows // BLOCK)):   # the blocks up to pos
+            table.copy_(new)
         for l, block in enumerate(model.blocks):                        # Alg. 2, lines 3-7
             z = self.layer(block, z, (c.k[l], c.v[l], c.conv[l]), self.pos, rope, self.weights[l],
                            self.block_mask, self.attention, self.kernel_options)
@@ -268,8 +233,7 @@ class FastDecoder:
     def _graph(self):
         """The CUDA graph of _step(), captured at first use."""
         if self.graph is None:
-            convs = [c for c in self.cache.conv if c is not None]
-            saved = [c.clone() for c in convs]
+            saved = [(c, c.clone()) for c in self.cache.conv if c is not None]
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):  # warm-up outside the graph: compilation, cuBLAS set-up
@@ -277,11 +241,10 @@ class FastDecoder:
                     self._step()
                     # NOTE: a step shifts the conv state: undo it (the K, V it wrote at row pos
                     # are written again by the replay).
-                    for c, s in zip(convs, saved):
+                    for c, s in saved:
                         c.copy_(s)
             torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                logits = self._step()
-            self.graph = (graph, logits)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.graph_logits = self._step()
         return self.graph
