@@ -488,7 +488,7 @@ def summarize_runs(recs):
 
 def bench_train(args, device, results, save):
     T, B = args.train_T, args.train_batch
-    for attn in MODELS:
+    for attn in args.models:
         rec = {"attn": attn, "T": T, "batch": B}
 
         def run():
@@ -688,7 +688,7 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=5, help="timed repetitions (median) for prefill and training")
     p.add_argument("--warmup", type=int, default=2, help="untimed warmup calls before each timing")
     p.add_argument("--peak_tflops", type=float, default=989.0, help="peak bf16 dense TFLOP/s for MFU (H100/H200: 989)")
-    p.add_argument("--models", default=",".join(MODELS), help="comma-separated models for the prefill and decode sections")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated models to run (every section)")
     p.add_argument("--sections", default="prefill,decode,train", help="comma-separated subset of prefill,decode,train")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile every block of every model (compile_blocks(model)) in the prefill and train "
