@@ -44,25 +44,38 @@ def block_table(pos, window, n_blocks):
     return (pos // BLOCK - first + 1).int().view(1, 1, 1), indices.int().view(1, 1, 1, n_blocks)
 
 
-def twin_mask(pos, windows):
-    """FlexAttention's mask_mod for the new token at position pos[0]: query row r may attend key
-    kv_idx where in_window(pos, kv_idx, windows[r]). Orthros: windows (w, None), row 0 the base
-    twin (eq. 4), row 1 the output twin (eq. 5); the Transformer (None,); SWA (w,)."""
+def decode_block_mask(pos, windows, rows):
+    """FlexAttention's BlockMask of the new token at position pos (a (1,) tensor) over a cache of
+    `rows` rows, and refresh(), which rewrites its block table in place for the current pos (a
+    CUDA graph replays it). Query row r may attend key kv_idx where in_window(pos, kv_idx,
+    windows[r]): Orthros (w, None), row 0 the base twin (eq. 4), row 1 the output twin (eq. 5);
+    the Transformer (None,); SWA (w,)."""
     def mask_mod(b, h, q_idx, kv_idx):
-        rows = [in_window(pos[0], kv_idx, window) for window in windows]
-        return rows[0] if len(rows) == 1 else torch.where(q_idx == 0, rows[0], rows[1])
-    return mask_mod
+        allowed = [in_window(pos[0], kv_idx, window) for window in windows]
+        return allowed[0] if len(allowed) == 1 else torch.where(q_idx == 0, allowed[0], allowed[1])
+
+    def refresh():
+        for old, new in zip((mask.kv_num_blocks, mask.kv_indices), block_table(pos, reach, rows // BLOCK)):
+            old.copy_(new)
+
+    reach = None if None in windows else windows[0]   # how far back any row reads
+    table = block_table(pos, reach, rows // BLOCK)
+    # NOTE: torch 2.13's CPU kernel for one query row fails to compile without a table of "full"
+    # blocks: give it an empty one (on a GPU that would spread the KV split over the whole cache).
+    full = [torch.zeros_like(t) for t in table] if pos.device.type == "cpu" else [None, None]
+    mask = BlockMask.from_kv_blocks(*table, *full, BLOCK_SIZE=BLOCK, mask_mod=mask_mod,
+                                    seq_lengths=(len(windows), rows), compute_q_blocks=False)
+    return mask, refresh
 
 
-def layer(block, z, cache, pos, rope, weights, block_mask, attention, kernel_options):
+def layer(block, z, k_cache, v_cache, conv_state, pos, rope, weights, block_mask, attention, kernel_options):
     """Alg. 1 and Alg. 2, lines 4-7, for the new token: z (B, L, C), L = 2 (base twin, output
-    twin) for Orthros, 1 for the baselines -> the layer's output (B, L, C). cache: one layer's of
-    StaticKVCache (k, v, conv), written at row pos (a (1,) tensor); rope: (cos, sin) at pos;
+    twin) for Orthros, 1 for the baselines -> the layer's output (B, L, C). k_cache, v_cache,
+    conv_state: the layer's in StaticKVCache, written at row pos (a (1,) tensor); rope: at pos;
     weights: stacked_weights'; attention: flex_attention or its compiled copy."""
     attn = block.attn
     B, L, _ = z.shape
     H, H_kv, D = attn.n_head, kv_heads(attn), attn.head_dim
-    k_cache, v_cache, conv_state = cache
     w_qkv, b_qkv, alpha, beta = weights
     h = block.ln_1(z)
     if w_qkv is not None:   # Alg. 1, line 4: one matmul for every row (the output twin's k, v are dropped)
@@ -90,9 +103,8 @@ def stacked_weights(attn):
     linears = (attn.c_q, attn.c_k, attn.c_v)
     w_qkv = None if attn.conv is not None else torch.cat([m.weight for m in linears])
     b_qkv = None if w_qkv is None or attn.c_q.bias is None else torch.cat([m.bias for m in linears])
-    if not attn.scale_offset:
-        return w_qkv, b_qkv, None, None
-    return w_qkv, b_qkv, torch.stack([attn.alpha, attn.alpha_out]), torch.stack([attn.beta, attn.beta_out])
+    stack = lambda *names: torch.stack([getattr(attn, name) for name in names]) if attn.scale_offset else None
+    return w_qkv, b_qkv, stack("alpha", "alpha_out"), stack("beta", "beta_out")
 
 
 class StaticKVCache:
@@ -102,8 +114,7 @@ class StaticKVCache:
 
     def __init__(self, model, batch_size, max_len, zeros):
         attn, rows, conv = model.blocks[0].attn, -(-max_len // BLOCK) * BLOCK, model.config.conv_kernel
-        self.k = [zeros(batch_size, kv_heads(attn), rows, attn.head_dim) for _ in model.blocks]
-        self.v = [zeros(batch_size, kv_heads(attn), rows, attn.head_dim) for _ in model.blocks]
+        self.k, self.v = ([zeros(batch_size, kv_heads(attn), rows, attn.head_dim) for _ in model.blocks] for _ in "kv")
         self.conv = [zeros(batch_size, conv - 1, model.config.n_embd) if conv else None for _ in model.blocks]
         self.batch_size, self.max_len, self.rows, self.length = batch_size, max_len, rows, 0
 
@@ -133,17 +144,13 @@ class FastDecoder:
             raise ValueError(f"FastDecoder runs FlexAttention, which computes in {', '.join(map(str, DTYPES))}; "
                              f"the model is in {dtype}: convert it (model.float()) or decode with the model's own decode()")
         self.model, self.kernel_options, self.orthros = model, kernel_options, cfg.attn == "orthros"
-        window = model.blocks[0].attn.window                    # None for the Transformer
-        windows = (window, None) if self.orthros else (window,)  # one per query row
-        self.reach = None if None in windows else window        # how far back any row reads
+        windows = (model.blocks[0].attn.window,) + ((None,) if self.orthros else ())   # per query row (None: all keys)
         self.rope_options = {"scaling": cfg.rope_scaling} if getattr(cfg, "rope_scaling", None) else {}
         with torch.inference_mode(False):  # normal tensors: writable in and out of inference mode
             self.cache = StaticKVCache(model, batch_size, max_len, lambda *s: torch.zeros(*s, device=device, dtype=dtype))
             self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # the step's input
             self.pos = torch.zeros(1, dtype=torch.long, device=device)                # ... and its position
-            self.block_mask = BlockMask.from_kv_blocks(*block_table(self.pos, self.reach, self.cache.rows // BLOCK),
-                                                       BLOCK_SIZE=BLOCK, mask_mod=twin_mask(self.pos, windows),
-                                                       seq_lengths=(len(windows), self.cache.rows), compute_q_blocks=False)
+            self.block_mask, self.refresh_block_mask = decode_block_mask(self.pos, windows, self.cache.rows)
             with torch.no_grad():
                 self.weights = [stacked_weights(block.attn) for block in model.blocks]
         # NOTE: more graphs than torch._dynamo's default recompile_limit (8), e.g. three model kinds
@@ -169,8 +176,7 @@ class FastDecoder:
 
     @torch.no_grad()
     def load(self, naive):
-        """Copy a naive KVCache of this model (from model.prefill) into the static cache, and the
-        stacked weights; the naive cache is left as it was. Returns the static cache, ready to decode."""
+        """Copy a KVCache of this model (model.prefill's; left as it was) and the weights in: the cache, ready to decode."""
         cache = self.cache
         if not isinstance(naive, orthros.KVCache) or naive.model() is not self.model:
             raise ValueError("load() takes a KVCache made by this decoder's model (model.prefill)")
@@ -210,23 +216,19 @@ class FastDecoder:
         if cache.length == 0:
             raise ValueError("the cache is empty: call decoder.prefill(prompt) before decode()")
         if next_idx.numel() != cache.batch_size:
-            raise ValueError(f"decode got {next_idx.numel()} tokens for a cache of batch size {cache.batch_size}: "
-                             "pass exactly one token per sequence")
+            raise ValueError(f"decode got {next_idx.numel()} tokens for batch size {cache.batch_size}: pass one per sequence")
         if cache.length >= cache.max_len:
             raise ValueError(f"cannot decode past max_len={cache.max_len}: build the FastDecoder with a larger max_len")
 
     def _step(self):
-        """One decode step for self.token at position self.pos. Only tensor operations on fixed
-        shapes, the length in device tensors: one CUDA graph replays every step."""
+        """One step for self.token at self.pos: tensor operations on fixed shapes, one CUDA graph for every step."""
         model, cfg, c = self.model, self.model.config, self.cache
         x = model.wte(self.token)                                       # (B, 1, C)
         z = torch.cat([x, x], dim=1) if self.orthros else x             # Alg. 2, line 2: the two twins
         rope = rope_cos_sin(self.pos, model.blocks[0].attn.head_dim, cfg.rope_base, x.dtype, **self.rope_options)
-        for table, new in zip((self.block_mask.kv_num_blocks, self.block_mask.kv_indices),
-                              block_table(self.pos, self.reach, c.rows // BLOCK)):   # the blocks up to pos
-            table.copy_(new)
+        self.refresh_block_mask()                                       # the key blocks up to pos
         for l, block in enumerate(model.blocks):                        # Alg. 2, lines 3-7
-            z = self.layer(block, z, (c.k[l], c.v[l], c.conv[l]), self.pos, rope, self.weights[l],
+            z = self.layer(block, z, c.k[l], c.v[l], c.conv[l], self.pos, rope, self.weights[l],
                            self.block_mask, self.attention, self.kernel_options)
         return model.lm_head(model.ln_f(z[:, -1:]))                     # Alg. 2, lines 9-10
 
@@ -239,9 +241,7 @@ class FastDecoder:
             with torch.cuda.stream(stream):  # warm-up outside the graph: compilation, cuBLAS set-up
                 for _ in range(2):
                     self._step()
-                    # NOTE: a step shifts the conv state: undo it (the K, V it wrote at row pos
-                    # are written again by the replay).
-                    for c, s in saved:
+                    for c, s in saved:   # NOTE: a step shifts the conv state: undo it (the replay rewrites K, V)
                         c.copy_(s)
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()

@@ -238,21 +238,16 @@ def test_cuda_fused_attention_at_128k_keys_in_one_graph(windows):
     """bf16 at the bench's long context: batch 1, 6 heads of 128, a cache of 131,072 rows; one
     captured CUDA graph of the compiled FlexAttention call replayed at positions 130,000 and 700
     (the length in device tensors only): each within 1e-2 of the float64 reference."""
-    from torch.nn.attention.flex_attention import BlockMask
     torch.manual_seed(0)
-    S, n_blocks, L = 131072, 131072 // BLOCK, len(windows)
+    S, L = 131072, len(windows)
     q = torch.randn(1, 6, L, 128, device="cuda").bfloat16()
     k = torch.randn(1, 6, S, 128, device="cuda").bfloat16()
     v = torch.randn(1, 6, S, 128, device="cuda").bfloat16()
     pos = torch.zeros(1, dtype=torch.long, device="cuda")
-    reach = None if None in windows else windows[0]
-    mask = BlockMask.from_kv_blocks(*block_table(pos, reach, n_blocks), BLOCK_SIZE=BLOCK, mask_mod=engine.twin_mask(pos, windows),
-                                    seq_lengths=(L, S), compute_q_blocks=False)
+    mask, refresh = engine.decode_block_mask(pos, windows, S)
 
     def step():
-        num, indices = block_table(pos, reach, n_blocks)
-        mask.kv_num_blocks.copy_(num)
-        mask.kv_indices.copy_(indices)
+        refresh()
         return engine.compiled_flex_attention(q, k, v, block_mask=mask)
 
     stream = torch.cuda.Stream()
