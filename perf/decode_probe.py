@@ -19,6 +19,7 @@ The attention timings read (B, H, rows, D) caches of rows = the longest context 
 layer (no cache fits in L2), at contexts of --ctx, as FastDecoder reads them in perf/bench.py.
 
     python perf/decode_probe.py --out out/probe --time_budget 480      # one H200
+    python perf/decode_probe.py --sections sweep --sweep '[{}, {"num_stages": 2}]' --sweep_kinds orthros
     python perf/decode_probe.py --tiny --device cpu --out /tmp/probe    # a CPU smoke run of every line
 """
 
@@ -44,9 +45,10 @@ from perf.engine import BLOCK, FastDecoder, compiled_flex_attention, decode_bloc
 KINDS = {"orthros": 2, "transformer": 1}  # the models compared, and their query rows per token
 TINY = dict(n_layer=2, n_embd=64, n_head=2, window=16, vocab_size=512, ctx="256,512", batches="1,2",
             naive_settings="256x1,512x2", steps=3, reps=3)
-SWEEP = [{}, {"SPLIT_KV": "x2"}, {"SPLIT_KV": "x4"}, {"SPLIT_KV": "x0.5"}, {"num_stages": 2}, {"num_stages": 3},
-         {"num_stages": 4}, {"num_warps": 4}, {"num_warps": 8}, {"BLOCK_N": 128}, {"BLOCK_N": 32},
-         {"num_warps": 4, "num_stages": 3}, {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
+# FlexAttention's decode kernel on a GPU: BLOCK_N 64, 2 warps, 1 stage, SPLIT_KV = 2 * SMs // (B * H_kv) by
+# default; "xF" scales that split by F. Each option (and batch, and model) compiles a kernel of its own.
+SWEEP = [{}, {"SPLIT_KV": "x2"}, {"SPLIT_KV": "x4"}, {"num_stages": 2}, {"num_stages": 3}, {"num_warps": 4},
+         {"BLOCK_N": 128}, {"num_warps": 4, "num_stages": 3}, {"SPLIT_KV": "x0.5"}, {"num_warps": 8}, {"BLOCK_N": 32},
          {"ROWS_GUARANTEED_SAFE": True}, {"BLOCKS_ARE_CONTIGUOUS": True}, {"PRESCALE_QK": True}, {"USE_TMA": True}]
 
 
@@ -262,6 +264,8 @@ def profile_section(probe, args, device):
 
 
 def attention_caches(args, B, device):
+    """Random K, V (B, H, rows, D) per layer: the same ones at every call (seeded)."""
+    torch.manual_seed(1)
     shape = (B, args.n_head, args.rows, args.n_embd // args.n_head)
     return [(torch.randn(shape, device=device, dtype=args.dtype), torch.randn(shape, device=device, dtype=args.dtype))
             for _ in range(args.n_layer)]
@@ -270,6 +274,7 @@ def attention_caches(args, B, device):
 def flex_layers(args, attn, B, caches, kernel_options, device):
     """(pos, fn): fn runs the fused attention of every layer at position pos[0], as FastDecoder does."""
     L, D = KINDS[attn], args.n_embd // args.n_head
+    torch.manual_seed(2)   # the same queries for every option
     q = torch.randn(B, args.n_head, L, D, device=device, dtype=args.dtype)
     pos = torch.zeros(1, dtype=torch.long, device=device)
     mask, refresh = decode_block_mask(pos, (args.window, None) if attn == "orthros" else (None,), args.rows)
@@ -345,12 +350,12 @@ def fmt(rec):
 def sweep_section(probe, args, device):
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else os.cpu_count()
     default_out = {}
-    for options in SWEEP:
-        for B in args.batches:
+    for options in args.sweep:
+        for B in args.sweep_batches:
             caches = attention_caches(args, B, device)
             split = max(sms // (B * args.n_head) * 2, 1)   # FlexAttention's default KV split on a GPU
             opts = {k: max(1, int(split * float(v[1:]))) if k == "SPLIT_KV" else v for k, v in options.items()}
-            for attn in KINDS:
+            for attn in args.sweep_kinds:
                 pos, fn, outs = flex_layers(args, attn, B, caches, opts or None, device)
                 run = None
                 for ctx in args.ctx:
@@ -389,6 +394,9 @@ def parse_args(argv=None):
     p.add_argument("--vocab_size", type=int, default=50304)
     p.add_argument("--ctx", default="4096,32768,131072", help="contexts of the profile, sdpa and sweep sections")
     p.add_argument("--batches", default="1,8")
+    p.add_argument("--sweep", type=json.loads, default=SWEEP, help="the sweep's kernel_options, a JSON list")
+    p.add_argument("--sweep_batches", default=None, help="the sweep's batch sizes (default: --batches)")
+    p.add_argument("--sweep_kinds", default=",".join(KINDS), help="the sweep's models")
     p.add_argument("--naive_settings", default="4096x1,32768x8", help="ctx x batch of the naive section")
     p.add_argument("--steps", type=int, default=5, help="decode steps timed and profiled")
     p.add_argument("--reps", type=int, default=30, help="graph replays per timing (3 timings, median)")
@@ -400,6 +408,10 @@ def parse_args(argv=None):
         p.set_defaults(**TINY)
     args = p.parse_args(argv)
     args.ctx, args.batches = ints(args.ctx), ints(args.batches)
+    args.sweep_batches = ints(args.sweep_batches) if args.sweep_batches else args.batches
+    args.sweep_kinds = [k for k in args.sweep_kinds.split(",") if k]
+    if set(args.sweep_kinds) - set(KINDS) or not isinstance(args.sweep, list):
+        p.error(f"--sweep_kinds takes a subset of {','.join(KINDS)}; --sweep a JSON list of kernel_options objects")
     args.naive_settings = [tuple(int(x) for x in s.split("x")) for s in args.naive_settings.split(",") if s]
     args.sections = [s for s in args.sections.split(",") if s]
     if set(args.sections) - {"naive", "profile", "sdpa", "sweep"}:

@@ -4,10 +4,11 @@ another cache and one FlexAttention call per layer: the same tokens and the same
 tests in float32 (FlexAttention takes no float64), tiny shapes; the tests marked `cuda` replay
 the CUDA graph in bf16, on a trained checkpoint and at the bench's 128K keys.
 
-Compiling FlexAttention on a CPU takes seconds, so the CPU tests share one compiled kernel: every
-Orthros decoder here has the shapes of RUNS (batch 2, max_len 400: 4 blocks of 128 rows). The
-Transformer and SWA compile their layers with a backend that counts graphs and runs them eagerly
-(FlexAttention's reference path there; the CUDA tests compile all three).
+Compiling FlexAttention on a CPU takes seconds (~15 s), so the CPU tests share one compiled kernel:
+every Orthros decoder here has the shapes of the fixture `runs` (batch 2, max_len 400: 4 blocks of
+128 rows). The Transformer and SWA compile their layers with a backend that counts graphs and runs
+them eagerly (FlexAttention's reference path there, which reads no block table: a test of its own
+checks the tables; the CUDA tests compile all three).
 
 Run: python -m pytest -q tests/test_engine.py
 """
@@ -194,10 +195,10 @@ def relative_error(a, b):
 @pytest.mark.parametrize("compile", [False, True])
 def test_cuda_graph_decoder_gives_the_naive_greedy_tokens(trained_tiny, compile):
     """bf16 on the GPU, one CUDA graph (and compiled layers), trained tiny Orthros, batch 4, 200
-    greedy steps (keys 101 ... 300: three blocks): the naive decoder's tokens up to the first bf16
-    near-tie (top two logits within 4 rounding steps: there either choice is right); fed the naive
-    tokens, the same token wherever there is no near-tie, logits within 3%; nothing compiled after
-    the first step."""
+    steps (keys 101 ... 300: three blocks): fed the naive decoder's greedy tokens, the same token
+    wherever there is no bf16 near-tie (top two logits within 4 rounding steps: there either
+    choice is right), logits within 3%, nothing compiled after the first step; decoding on its
+    own, the naive tokens up to the first near-tie."""
     model, idx = trained_tiny
     fast = FastDecoder(model, batch_size=4, max_len=301, compile=compile)
     tokens, logits, forced, compiled = teacher_forced(model, fast, idx, 200, unique_graphs)
@@ -283,7 +284,7 @@ def test_decode_bytes_counts_the_prefix_once_and_swa_its_window():
 
 
 def test_bench_tiny_cpu_smoke_runs_every_section(tmp_path, runs):
-    """python perf/bench.py --tiny --device cpu for Orthros at RUNS' shapes (its compiled kernel),
+    """python perf/bench.py --tiny --device cpu for Orthros at the shapes of `runs` (its compiled kernel),
     one length, round and few steps: every section (prefill, decode: naive and fast) records
     its figures without an error, and the decode records tokens/s, the HBM fraction, no compiling
     in the timed steps and the run's metadata."""
