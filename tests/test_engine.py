@@ -216,16 +216,24 @@ def test_cuda_graph_decoder_gives_the_naive_greedy_tokens(trained_tiny, compile)
             assert bf16_near_tie(logits[row, differ[0, 0]]), f"row {row} diverged at step {differ[0, 0].item()}"
 
 
+# Every case of CASES, and one with the options for Llama-architecture models: grouped-query
+# attention (FlexAttention's enable_gqa: 2 query heads per key/value head) and a SwiGLU MLP.
+CUDA_CASES = {**{case: (attn, conv, {}) for case, (attn, conv) in CASES.items()},
+              "orthros+gqa+swiglu": ("orthros", 0, {"n_head": 4, "n_kv_head": 2, "mlp": "swiglu"})}
+
+
 @cuda
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CUDA_CASES)
 @pytest.mark.parametrize("compile", [False, True])
 def test_cuda_graph_decoder_is_as_close_to_float32_as_naive_bf16(case, compile):
-    """Every attention and the convolution, random weights, bf16, batch 2, 150 steps from a prompt
-    of 120 (keys 121 ... 270: three blocks): fed the same tokens, the fast decoder's logits are
-    as close to the naive decoder's in float32 as the naive decoder's in bf16 are (about 1%)."""
-    attn, conv_kernel = CASES[case]
-    model = make_model(attn, conv_kernel, n_embd=64, n_head=2, window=32).cuda()
-    bf16 = make_model(attn, conv_kernel, n_embd=64, n_head=2, window=32).cuda().bfloat16()
+    """Every attention, the convolution and grouped-query attention, random weights, bf16, batch 2,
+    150 steps from a prompt of 120 (keys 121 ... 270: three blocks): fed the same tokens, the fast
+    decoder's logits are as close to the naive decoder's in float32 as the naive decoder's in bf16
+    are (about 1%), and nothing is compiled after the first step."""
+    attn, conv_kernel, options = CUDA_CASES[case]
+    options = {"n_embd": 64, "n_head": 2, "window": 32, **options}
+    model = make_model(attn, conv_kernel, **options).cuda()
+    bf16 = make_model(attn, conv_kernel, **options).cuda().bfloat16()
     idx = torch.randint(0, VOCAB, (2, 120), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
     _, reference, naive_bf16, _ = teacher_forced(model, bf16, idx, 150, unique_graphs)
     _, _, fast, compiled = teacher_forced(model, FastDecoder(bf16, 2, 300, compile=compile), idx, 150, unique_graphs)
