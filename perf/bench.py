@@ -8,12 +8,14 @@ Sections (pick with --sections):
            Transformer prefill of 1M tokens takes ~40 s); a length that does not fit in memory is
            recorded as OOM, and longer ones are skipped for that model only
   decode   tokens/s of both decoders, the naive KV cache (model.decode) and engine.FastDecoder (static
-           cache, CUDA graphs), each with eager and compiled layers (--decode_variants), the fast one
-           built as sample.py builds it (max_len = prompt + new tokens) and once per distinct
-           --split_k_from; after a prompt of each --decode_ctx, at each --decode_batches. A round
-           makes one prompt cache per model and setting (--decode_cache: a prefill, or random keys
-           and values) and times every variant from it; --decode_reps rounds, interleaved, median;
-           with ms/step, the fraction of the HBM-bandwidth limit (hbm_fraction) and the number of
+           cache, one FlexAttention call per layer, one CUDA graph), each with eager and compiled
+           layers (--decode_variants), after a prompt of each --decode_ctx, at each --decode_batches.
+           The fast one is built for the longest context (max_len = the longest --decode_ctx + new
+           tokens) at every context: a step reads only the key blocks up to the new token, so one
+           compiled graph per model, batch size and variant serves them all. A round makes one
+           prompt cache per model and setting (--decode_cache: a prefill, or random keys and values)
+           and times every variant from it; --decode_reps rounds, interleaved, median; with
+           ms/step, the fraction of the HBM-bandwidth limit (hbm_fraction) and the number of
            graphs compiled during the timed steps (0: no recompiling per step)
   train    forward + backward + AdamW step at --train_T: ms, tokens/s and MFU
 Every measurement also records the peak GPU memory. Results are printed as they come, and the
@@ -25,14 +27,12 @@ JSON file is rewritten after every measurement, so a run cut short by a timeout 
 
 Runtime on one H200 (estimated from the measurements in results/h200/; each section fits one 10-minute
 call, all three together do not): prefill with --compile ~5 min (T <= 256K ~1 min; the Transformer at
-512K, 1M, 2M ~10 s, ~40 s, ~160 s, one call each); decode ~3 min with the command below (its first
-round, with the compiling, ~2 min; the naive decoder at 128K x 8 is most of a later one); train ~1 min.
-The decode matrix with its recompile log, as results/README.md reports it:
+512K, 1M, 2M ~10 s, ~40 s, ~160 s, one call each); train ~1 min. The decode matrix with its
+recompile log (--time_budget keeps it inside one call; perf/decode_probe.py looks inside a step):
 
     TORCH_LOGS=recompiles python perf/bench.py --sections decode --decode_ctx 131072,32768,4096 \
         --decode_cache random --decode_steps 40 --decode_variants naive,fast,fast+compile \
-        --split_k_from 16384,none --window_rows_from 16384,none --time_budget 286 \
-        --out out/bench_decode.json 2> out/recompiles.log
+        --time_budget 300 --out out/bench_decode.json 2> out/recompiles.log
 """
 
 import argparse
@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script (python perf/bench.py): import from the repository root
 from data.prepare_utils import atomic_write
 from orthros import KVCache, Orthros, OrthrosConfig, compile_blocks
-from perf.engine import FastDecoder, bucket_len, long_context_paths
+from perf.engine import FastDecoder
 from checkpoint import pick_device, sync
 
 MODELS = ("transformer", "orthros", "swa")  # the Transformer first: the others' speedups need it
@@ -62,7 +62,7 @@ DECODE_VARIANTS = ("naive", "naive+compile", "fast", "fast+compile")  # model.de
 # engine.FastDecoder; +compile: compiled layers (compile_blocks for naive, FastDecoder(compile=True) for fast)
 TINY = dict(n_layer=2, n_embd=128, n_head=2, window=16, vocab_size=4096, prefill_lens="256,512,1024",
             long_T=512, decode_ctx="64,128", decode_batches="1,2", decode_steps=8, train_T=256, train_batch=2,
-            reps=3, decode_variants="naive,fast", split_k_from="128,none")  # tiny: both softmax paths, no compiling
+            reps=3, decode_variants="naive,fast")
 
 
 def git_state():
@@ -153,13 +153,15 @@ def decode_bytes(cfg, n_params, batch, keys, dtype_bytes=2):
     keys and values the new token attends.
       weight bytes = n_params * dtype_bytes (the tied embedding counts once: the LM head reads all
         of it, the embedding lookup only B rows);
-      KV bytes = n_layer * 2 (K and V) * batch * keys_read * n_embd * dtype_bytes, where keys_read
+      KV bytes = n_layer * 2 (K and V) * batch * keys_read * kv_width * dtype_bytes, where keys_read
         is the valid prefix `keys` for the Transformer and Orthros (the base twin's window lies
-        inside the prefix that the output twin reads), and min(keys, window) for SWA.
-    Rows read past the valid prefix (the fast decoder's bucket) and the naive cache's copies are
-    not counted: they are overhead, not work."""
+        inside the prefix that the output twin reads), and min(keys, window) for SWA; kv_width =
+        n_embd, or n_kv_head * head_dim with grouped-query attention.
+    Rows read past the valid prefix (the rest of the fast decoder's last key block) and the naive
+    cache's copies are not counted: they are overhead, not work."""
     keys_read = min(keys, cfg.window) if cfg.attn == "swa" else keys
-    return n_params * dtype_bytes + cfg.n_layer * 2 * batch * keys_read * cfg.n_embd * dtype_bytes
+    kv_width = cfg.n_embd // cfg.n_head * (getattr(cfg, "n_kv_head", None) or cfg.n_head)
+    return n_params * dtype_bytes + cfg.n_layer * 2 * batch * keys_read * kv_width * dtype_bytes
 
 
 def hbm_fraction(cfg, n_params, batch, keys, sec_per_step, hbm_bytes_per_s, dtype_bytes=2):
@@ -330,19 +332,17 @@ def unique_graphs():
 def decode_run(args, model, variant, prompt, B, device):
     """Time args.decode_steps greedy decode steps (after args.warmup untimed ones, which include
     the fast decoder's graph capture and any compilation) after the prompt's cache, through the
-    model's own decode loop, model.generate_tokens, with the variant's decoder. The fast decoder
-    is built as sample.py builds it: FastDecoder(model, B, max_len=prompt + new tokens), plus
-    the variant's compile and split_k_from."""
+    model's own decode loop, model.generate_tokens, with the variant's decoder. The fast decoder:
+    FastDecoder(model, B, max_len=the longest --decode_ctx + new tokens, compile=..., kernel_options=...)."""
     logits, cache = prompt
     ctx, n_steps = cache.length, args.warmup + args.decode_steps
     fast = None
     if variant.decoder == "fast":
-        fast = FastDecoder(model, B, max_len=ctx + n_steps, compile=variant.compiled, split_k_from=variant.split_k_from,
-                           window_rows_from=variant.window_rows_from)
+        fast = FastDecoder(model, B, max_len=max(args.decode_ctx) + n_steps, compile=variant.compiled,
+                           kernel_options=args.kernel_options)
     decoder = PromptCache(model, logits, cache, fast)
     idx = torch.zeros(1, 1, dtype=torch.long, device=device).expand(B, ctx)  # the prompt's shape: prefill() ignores it
     graphs = unique_graphs()
-    keys_read = set()
     with torch.inference_mode():
         t_first = time.perf_counter()
         # generate_tokens yields its first token after prefill, then one after each decode step
@@ -353,59 +353,20 @@ def decode_run(args, model, variant, prompt, B, device):
                 sync(device)
                 t0 = time.perf_counter()
                 graphs_warm = unique_graphs()
-            if fast is not None and fast.last_n_keys is not None:
-                keys_read.add(fast.last_n_keys)
         sync(device)
         dt = time.perf_counter() - t0
-    rec = {"tokens_per_s": B * args.decode_steps / dt, "ms_per_step": 1e3 * dt / args.decode_steps,
-           "warmup_s": t0 - t_first, "compiles_warmup": graphs_warm - graphs, "compiles_timed": unique_graphs() - graphs_warm}
-    if fast is not None:
-        split = {fast.uses_split_k(n) for n in keys_read}
-        rec["split_k"] = split.pop() if len(split) == 1 else "mixed"
-        rows = {fast.uses_window_rows(n) for n in keys_read}
-        rec["window_rows"] = rows.pop() if len(rows) == 1 else "mixed"
-        rec["keys_read"] = sorted(keys_read)
-    return rec
+    return {"tokens_per_s": B * args.decode_steps / dt, "ms_per_step": 1e3 * dt / args.decode_steps,
+            "warmup_s": t0 - t_first, "compiles_warmup": graphs_warm - graphs, "compiles_timed": unique_graphs() - graphs_warm}
 
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """A decoder as the decode section runs it: naive or fast, eager or compiled layers, and the
-    fast decoder's split_k_from and window_rows_from."""
+    """A decoder as the decode section runs it: naive or fast, eager or compiled layers."""
     decoder: str
     compiled: bool
-    split_k_from: object = "auto"
-    window_rows_from: object = "auto"
 
     def label(self):
-        name = self.decoder + ("+compile" if self.compiled else "")
-        for key, value in (("split_k_from", self.split_k_from), ("window_rows_from", self.window_rows_from)):
-            if self.decoder == "fast" and value != "auto":
-                name += f" {key}={'none' if value is None else value}"
-        return name
-
-
-def decode_variants(args, attn, ctx, B):
-    """The variants to run for a model at a context: --decode_variants, the fast ones once per
-    --split_k_from value, leaving out a value whose steps split exactly as an earlier one's do."""
-    n_steps = args.warmup + args.decode_steps
-    out = []
-    for name in args.decode_variants:
-        decoder, compiled = name.split("+")[0], name.endswith("+compile")
-        if decoder == "naive":
-            out.append(Variant(decoder, compiled))
-            continue
-        seen = set()
-        for split_k_from in args.split_k_from:
-            for rows_from in args.window_rows_from:
-                split, rows = long_context_paths(B, split_k_from, rows_from)
-                how = frozenset((attn != "swa" and split is not None and bucket_len(n + 1) >= split,
-                                 attn == "orthros" and rows is not None and bucket_len(n + 1) >= rows)
-                                for n in range(ctx, ctx + n_steps))
-                if how not in seen:
-                    seen.add(how)
-                    out.append(Variant(decoder, compiled, split_k_from, rows_from))
-    return out
+        return self.decoder + ("+compile" if self.compiled else "")
 
 
 def measure_run(fn, device):
@@ -433,14 +394,15 @@ def bench_decode(args, device, results, save):
     leaves every setting with at least its first round; a later round of a (ctx, batch) that
     would not fit (by its fastest round so far) is skipped."""
     t_start = time.time()
-    models = {attn: build_model(args, attn, args.dtype, device, compile=False).eval() for attn in MODELS}
+    models = {attn: build_model(args, attn, args.dtype, device, compile=False).eval() for attn in args.models}
     twins = {}  # the same weights with compiled blocks, for naive+compile (compile_blocks is in place)
     if "naive+compile" in args.decode_variants:
-        for attn in MODELS:
+        for attn in args.models:
             twins[attn] = build_model(args, attn, args.dtype, device, compile=False).eval()
             twins[attn].load_state_dict(models[attn].state_dict())
             compile_blocks(twins[attn])
     settings = [(ctx, B) for ctx in args.decode_ctx for B in args.decode_batches]
+    variants = [Variant(name.split("+")[0], name.endswith("+compile")) for name in args.decode_variants]
     runs = {}           # (ctx, B, attn, Variant) -> [record per round]
     round_s = {}        # (ctx, B) -> seconds its fastest round took
     n_params = {attn: sum(p.numel() for p in m.parameters()) for attn, m in models.items()}
@@ -450,18 +412,16 @@ def bench_decode(args, device, results, save):
                          "random": "random keys and values (N(0, 1)) and random logits, once per model, (ctx, batch) "
                                    "and round, instead of a prefill; every decoder of the round starts from a copy"
                          }[args.decode_cache],
-        "fast_decoder": "FastDecoder(model, batch, max_len=ctx + new tokens, compile=..., split_k_from=...), as sample.py "
-                        "builds it (sample.py: compile=False, split_k_from default)",
-        "long_context_paths": "auto: split-K at batch 1 from 65536 keys, the base twin's window by rows at batch >= 8 "
-                              "from 65536 keys (perf/engine.long_context_paths)", "time_budget_s": args.time_budget, "skipped": []}
+        "fast_decoder": f"FastDecoder(model, batch, max_len={max(args.decode_ctx)} + new tokens, compile=..., "
+                        f"kernel_options={args.kernel_options}) at every context (sample.py: max_len = prompt + new tokens, "
+                        "compile=False): a step reads the key blocks up to the new token whatever the cache's size",
+        "time_budget_s": args.time_budget, "skipped": []}
 
     def summarize():
         results["decode"] = []
         for (ctx, B, attn, var), recs in runs.items():
             rec = {"attn": attn, "variant": var.label(), "decoder": var.decoder,
                    "layers": "compiled" if var.compiled else "eager", "ctx": ctx, "batch": B, "steps": args.decode_steps}
-            if var.decoder == "fast":
-                rec["split_k_from"], rec["window_rows_from"] = var.split_k_from, var.window_rows_from
             rec.update(summarize_runs(recs))
             if rec.get("ms_per_step"):
                 keys = ctx + args.warmup + (args.decode_steps + 1) / 2  # mean valid prefix of the timed steps
@@ -481,12 +441,12 @@ def bench_decode(args, device, results, save):
             t0 = time.time()
             line = []
             free_memory(device)
-            for attn in MODELS:
+            for attn in args.models:
                 try:
                     prompt = prompt_cache(args, models[attn], ctx, B, device)
                 except Exception as e:  # e.g. OOM: every variant of this model fails alike
                     prompt = e
-                for var in decode_variants(args, attn, ctx, B):
+                for var in variants:
                     model = twins[attn] if var.decoder == "naive" and var.compiled else models[attn]
                     if isinstance(prompt, Exception):
                         rec = {"status": f"prompt cache failed: {type(prompt).__name__}: {prompt}"[:300]}
@@ -519,9 +479,6 @@ def summarize_runs(recs):
            "warmup_s": [round(r["warmup_s"], 3) for r in ok],
            "compiles_warmup": sum(r["compiles_warmup"] for r in ok),
            "compiles_timed": sum(r["compiles_timed"] for r in ok)}
-    for key in ("split_k", "window_rows", "keys_read"):
-        if key in ok[0]:
-            out[key] = ok[0][key]
     if any("peak_mem_gb" in r for r in ok):
         out["peak_mem_gb"] = max(r.get("peak_mem_gb", 0) for r in ok)
     if len(ok) < len(recs):
@@ -531,7 +488,7 @@ def summarize_runs(recs):
 
 def bench_train(args, device, results, save):
     T, B = args.train_T, args.train_batch
-    for attn in MODELS:
+    for attn in args.models:
         rec = {"attn": attn, "T": T, "batch": B}
 
         def run():
@@ -583,12 +540,11 @@ def print_tables(results, sections=("prefill", "decode", "train")):
             print(f"{s['T']:>7} | " + " | ".join(cells) + " | " + " | ".join(f"{c:>24}" for c in spd))
     if "decode" in sections and results["decode"]:
         print("\nDecode, tokens/s (median of the interleaved rounds) [fraction of the HBM-bandwidth limit] ms/step; "
-              "naive = model.decode with the KVCache, fast = engine.FastDecoder, +compile = compiled layers; "
-              "split_k_from, window_rows_from: the fast decoder's, default auto; split = the timed steps used split-K")
+              "naive = model.decode with the KVCache, fast = engine.FastDecoder, +compile = compiled layers")
         rows = {(r["attn"], r["variant"], r["ctx"], r["batch"]): r for r in results["decode"]}
         variants = list(dict.fromkeys(r["variant"] for r in results["decode"]))
         width = max(len(v) for v in variants + ["variant"])
-        print(f"{'ctx':>7} {'batch':>5} {'variant':<{width}} {'split':>5} | " + " | ".join(f"{a:>24}" for a in MODELS)
+        print(f"{'ctx':>7} {'batch':>5} {'variant':<{width}} | " + " | ".join(f"{a:>24}" for a in MODELS)
               + f" | {'orthros/transformer':>19} | peak GB")
         for ctx, B in sorted(dict.fromkeys((r["ctx"], r["batch"]) for r in results["decode"])):
             for v in variants:
@@ -597,11 +553,9 @@ def print_tables(results, sections=("prefill", "decode", "train")):
                     continue
                 cells = [f"{fmt(r, 'tokens_per_s', '{:.0f}'):>8} {fmt(r, 'hbm_fraction', '[{:.0%}]'):>6} "
                          f"{fmt(r, 'ms_per_step', '{:.2f}'):>8}" if r else f"{'':>24}" for r in recs]
-                t, o = recs[0].get("tokens_per_s"), recs[1].get("tokens_per_s")
-                split = {True: "yes", False: "no"}.get(recs[1].get("split_k", recs[0].get("split_k")), "mixed") \
-                    if v.startswith("fast") else ""
+                t, o = (recs[MODELS.index(a)].get("tokens_per_s") for a in ("transformer", "orthros"))
                 peaks = " ".join(fmt(r, "peak_mem_gb", "{:.1f}") for r in recs if r)
-                print(f"{ctx:>7} {B:>5} {v:<{width}} {split:>5} | " + " | ".join(cells)
+                print(f"{ctx:>7} {B:>5} {v:<{width}} | " + " | ".join(cells)
                       + f" | {f'{o / t:.2f}' if t and o else '-':>19} | {peaks}")
         timed = [f"{r['attn']} {r['variant']} ctx={r['ctx']} B={r['batch']}: {r['compiles_timed']}"
                  for r in results["decode"] if r.get("compiles_timed")]
@@ -717,15 +671,9 @@ def parse_args(argv=None):
     p.add_argument("--decode_variants", default=",".join(DECODE_VARIANTS),
                    help="comma-separated decoders to time: naive, naive+compile (compile_blocks), fast, fast+compile "
                         "(FastDecoder(compile=True))")
-    p.add_argument("--split_k_from", default="auto",
-                   help="comma-separated split_k_from values for the fast decoder (ints; 'none' = never split; 'auto' = its "
-                        "default by batch); each runs "
-                        "as its own variant, except one whose steps would split exactly as an earlier value's do")
-    p.add_argument("--window_rows_from", default="auto",
-                   help="comma-separated window_rows_from values for the fast decoder (ints; 'none' = never; 'auto' = its "
-                        "default by batch): from this "
-                        "many keys on, Orthros's base twin reads its window by rows; each runs as its own variant, "
-                        "except one whose steps would do exactly as an earlier value's do")
+    p.add_argument("--kernel_options", type=json.loads, default=None,
+                   help="FlexAttention's kernel_options for the fast decoder, as JSON, e.g. '{\"num_stages\": 2}' "
+                        "(perf/decode_probe.py sweeps them); default: FlexAttention's own")
     p.add_argument("--decode_cache", default="prefill", choices=["prefill", "random"],
                    help="where each round's prompt cache comes from: model.prefill of a random prompt, or random keys "
                         "and values (no prefill: a Transformer prefill of 128K x 8 takes seconds); shared by every "
@@ -740,7 +688,7 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=5, help="timed repetitions (median) for prefill and training")
     p.add_argument("--warmup", type=int, default=2, help="untimed warmup calls before each timing")
     p.add_argument("--peak_tflops", type=float, default=989.0, help="peak bf16 dense TFLOP/s for MFU (H100/H200: 989)")
-    p.add_argument("--models", default=",".join(MODELS), help="comma-separated models for the prefill section")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated models to run (every section)")
     p.add_argument("--sections", default="prefill,decode,train", help="comma-separated subset of prefill,decode,train")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile every block of every model (compile_blocks(model)) in the prefill and train "
@@ -760,15 +708,8 @@ def parse_args(argv=None):
     args.decode_variants = [v for v in args.decode_variants.split(",") if v]
     if not args.decode_variants or set(args.decode_variants) - set(DECODE_VARIANTS):
         p.error(f"--decode_variants takes a comma-separated subset of {','.join(DECODE_VARIANTS)}, got {','.join(args.decode_variants)!r}")
-    for key in ("split_k_from", "window_rows_from"):
-        try:
-            values = [None if s.lower() == "none" else s.lower() if s.lower() == "auto" else int(s)
-                      for s in getattr(args, key).split(",") if s]
-        except ValueError:
-            p.error(f"--{key} takes comma-separated ints or 'none', got {getattr(args, key)!r}")
-        if not values or any(isinstance(s, int) and s < 0 for s in values):
-            p.error(f"--{key} needs at least one value, each >= 0, 'none' or 'auto'")
-        setattr(args, key, values)
+    if args.kernel_options is not None and not isinstance(args.kernel_options, dict):
+        p.error(f"--kernel_options takes a JSON object, e.g. '{{\"num_stages\": 2}}', got {args.kernel_options!r}")
     if args.out:
         stem = str(Path(args.out).with_suffix(""))
         explicit = lambda flag: any(a == flag or a.startswith(flag + "=") for a in (argv if argv is not None else sys.argv[1:]))

@@ -1,284 +1,164 @@
 """
-The fast decoder (engine.py) is the naive KV-cache decoder (Orthros.prefill/decode) with
-another cache: the same tokens and the same logits. CPU tests in float32 (float64 for split-K),
-tiny shapes; the tests marked `cuda` run the captured graphs in bf16 on a trained checkpoint,
-and split-K at 128K keys.
+The fast decoder (perf/engine.py) is the naive KV-cache decoder (Orthros.prefill/decode) with
+another cache and one FlexAttention call per layer: the same tokens and the same logits. CPU
+tests in float32 (FlexAttention takes no float64), tiny shapes; the tests marked `cuda` replay
+the CUDA graph in bf16, on a trained checkpoint and at the bench's 128K keys.
 
-Run: python -m pytest -q test_engine.py
+Compiling FlexAttention on a CPU takes seconds (~15 s), so the CPU tests share one compiled kernel:
+every Orthros decoder here has the shapes of the fixture `runs` (batch 2, max_len 400: 4 blocks of
+128 rows). The Transformer and SWA compile their layers with a backend that counts graphs and runs
+them eagerly (FlexAttention's reference path there, which reads no block table: a test of its own
+checks the tables; the CUDA tests compile all three).
+
+Run: python -m pytest -q tests/test_engine.py
 """
 
 import pytest
 import torch
 
-from perf import engine
-from perf.engine import FastDecoder, attend, bucket_len, chunked_attention, key_masks, split_k_attention
 import test_orthros
-from orthros import ATTN_TYPES, Orthros, OrthrosConfig
+from orthros import ATTN_TYPES, OrthrosConfig, in_window
+from perf import engine
+from perf.engine import BLOCK, FastDecoder, block_table
 
-VOCAB = 61
+VOCAB, BATCH, MAX_LEN = 61, 2, 400
+# (prompt length, decode steps): the longest first, so that later prompts leave stale rows behind.
+# They cross the blocks at 384, 128 and 256 keys, and start inside and outside the window (8).
+SEGMENTS = [(380, 10), (1, 10), (122, 8), (251, 7)]
+CASES = {"orthros": ("orthros", 0), "orthros+conv": ("orthros", 3), "transformer": ("transformer", 0),
+         "swa": ("swa", 0)}
 
 
 def make_model(attn="orthros", conv_kernel=0, dtype=torch.float32, **overrides):
     """test_orthros.py's tiny model (scale-offsets and convolution off identity), in float32 by default."""
-    return test_orthros.make_model(attn, dtype=dtype, **{"vocab_size": VOCAB, "max_seq_len": 400,
+    return test_orthros.make_model(attn, dtype=dtype, **{"vocab_size": VOCAB, "max_seq_len": MAX_LEN,
                                                          "conv_kernel": conv_kernel, **overrides})
 
 
-def greedy(decoder, idx, steps):
-    """Greedy decoding with any decoder (prefill/decode): the tokens (B, steps) and the logits
-    (B, steps + 1, vocab) of the prefill and of every decode step."""
-    logits, state = decoder.prefill(idx)
-    all_logits, tokens = [logits], []
+def unique_graphs():
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def teacher_forced(model, fast, idx, steps, graphs):
+    """Greedy decoding by the naive decoder, and the fast decoder fed the same tokens: (tokens
+    (B, steps), naive logits, fast logits (B, steps + 1, vocab), graphs compiled at each step).
+    graphs(): how many graphs have been compiled so far."""
+    logits, state = model.prefill(idx)
+    fast_logits, fast_state = fast.prefill(idx)
+    tokens, all_logits, all_fast, compiled = [], [logits], [fast_logits], []
     for _ in range(steps):
         next_idx = logits[:, -1].argmax(dim=-1, keepdim=True)   # (B, 1)
         tokens.append(next_idx)
-        logits, state = decoder.decode(next_idx, state)
+        logits, state = model.decode(next_idx, state)
+        before = graphs()
+        fast_logits, fast_state = fast.decode(next_idx, fast_state)
+        compiled.append(graphs() - before)
         all_logits.append(logits)
-    return torch.cat(tokens, dim=1), torch.cat(all_logits, dim=1)
+        all_fast.append(fast_logits)
+    return torch.cat(tokens, 1), torch.cat(all_logits, 1), torch.cat(all_fast, 1), compiled
 
 
-def assert_same_decoding(model, fast, idx, steps):
-    tokens, logits = greedy(model, idx, steps)
-    fast_tokens, fast_logits = greedy(fast, idx, steps)
-    assert torch.equal(fast_tokens, tokens)
-    torch.testing.assert_close(fast_logits, logits, rtol=1e-6, atol=1e-6)
+@pytest.fixture(scope="module")
+def runs():
+    """Every case of CASES decoded over SEGMENTS by the naive and the fast decoder, batch 2:
+    {case: [(tokens, naive logits, fast logits, graphs compiled per step) per segment]}. Orthros
+    compiles FlexAttention (one kernel for both Orthros models); the baselines compile={"backend":
+    a graph counter}. Also "decoders": {case: the FastDecoder}."""
+    counted = []
 
-
-@pytest.mark.parametrize("attn", ATTN_TYPES)
-@pytest.mark.parametrize("conv_kernel", [0, 3])
-def test_fast_decoder_matches_naive_over_many_buckets(attn, conv_kernel):
-    """300 greedy steps, batch 3: identical tokens, logits within 1e-6 (float32), while the
-    step crosses window boundaries and ~100 buckets of two sizes (chunk 2: rows 8, 10, ...,
-    then 4 at a time past 256 keys)."""
-    model = make_model(attn, conv_kernel)
-    idx = torch.randint(0, VOCAB, (3, 7), generator=torch.Generator().manual_seed(1))
-    assert_same_decoding(model, FastDecoder(model, batch_size=3, max_len=307, chunk=2), idx, 300)
-
-
-@pytest.mark.parametrize("attn", ATTN_TYPES)
-def test_fast_decoder_matches_naive_around_window_and_bucket_edges(attn):
-    """Prompts one short of, at, and one past the window (8) and a bucket edge (16), each
-    decoded 12 steps by one decoder, re-prefilled each time (stale cache rows must not leak)."""
-    model = make_model(attn, conv_kernel=3)
-    fast = FastDecoder(model, batch_size=2, max_len=40, chunk=16)
-    gen = torch.Generator().manual_seed(2)
-    for T in [28, 1, 7, 8, 9, 15, 16, 17]:   # the longest first: later prompts leave stale rows behind
-        assert_same_decoding(model, fast, torch.randint(0, VOCAB, (2, T), generator=gen), 12)
-
-
-def test_fast_decoder_matches_naive_in_inference_mode():
-    """The decoder's buffers stay writable under torch.inference_mode (as bench.py runs it)."""
-    model = make_model()
-    fast = FastDecoder(model, batch_size=1, max_len=30)
-    idx = torch.randint(0, VOCAB, (1, 5))
-    with torch.inference_mode():
-        assert_same_decoding(model, fast, idx, 20)
-    assert_same_decoding(model, fast, idx, 20)  # and again outside it
-
-
-def test_fast_decoder_reads_whole_buckets_of_an_aligned_cache(monkeypatch):
-    """With an odd max_len (301, chunk 8) the cache is allocated in whole buckets (304 rows), and
-    every step's attention reads a whole bucket, a multiple of the chunk,
-    never a count clamped to max_len: over ~37 buckets, up to the last step, whose bucket (304)
-    is past max_len."""
-    read = []
-    real = engine.decode_attention
-
-    def spy(q, k_cache, v_cache, masks, window, split):   # the keys each layer's attention reads
-        read.append(masks.size(1) * masks.size(2))
-        return real(q, k_cache, v_cache, masks, window, split)
-
-    monkeypatch.setattr(engine, "decode_attention", spy)
-    model = make_model()
-    fast = FastDecoder(model, batch_size=2, max_len=301, chunk=8)
-    cache = fast.cache
-    assert cache.rows == 304 and bucket_len(301, 8) == 304
-    assert all(k.size(2) == 304 for k in cache.k) and all(v.shape[0] * v.shape[3] == 304 for v in cache.v)
-    logits, state = fast.prefill(torch.randint(0, VOCAB, (2, 5)))
-    seen = []
-    while state.length < 301:
-        length = state.length
-        logits, state = fast.decode(logits[:, -1].argmax(-1), state)
-        n = fast.last_n_keys
-        assert n % 8 == 0 and length < n <= 304 and n == bucket_len(length + 1, 8)
-        assert read[-model.config.n_layer:] == [n] * model.config.n_layer
-        seen.append(n)
-    assert len(set(seen)) >= 30 and seen[-1] == 304
-
-
-def test_fast_decoder_at_the_issues_odd_length():
-    """max_len = 4,151 (prompt + new tokens, as sample.py and bench.py build it): the cache holds
-    4,352 rows (17 x 256) and the steps read 4,096 and then 4,352 keys, not
-    4,151; the same logits as the naive decoder."""
-    model = make_model(max_seq_len=4200)
-    fast = FastDecoder(model, batch_size=1, max_len=4151)
-    assert fast.cache.rows == 4352
-    idx = torch.randint(0, VOCAB, (1, 4094), generator=torch.Generator().manual_seed(3))
-    tokens, logits = greedy(model, idx, 5)
-    fast_tokens, fast_logits = greedy(fast, idx, 5)
-    assert fast.last_n_keys == 4352 and torch.equal(fast_tokens, tokens)
-    torch.testing.assert_close(fast_logits, logits, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.parametrize("attn", ATTN_TYPES)
-@pytest.mark.parametrize("conv_kernel", [0, 3])
-def test_split_k_decoder_matches_naive_across_the_threshold(attn, conv_kernel, monkeypatch):
-    """float64, batch 3, 130 greedy steps from a prompt of 20: the steps read 24 ... 152 keys in
-    chunks of 4, one softmax per row below split_k_from = 64, split-K from there on (SWA reads
-    its window instead): the naive decoder's tokens, logits within 1e-6."""
-    calls = {"split": 0, "one": 0}
-    for name, key in (("split_k_attention", "split"), ("chunked_attention", "one")):
-        real = getattr(engine, name)
-        monkeypatch.setattr(engine, name, lambda *a, real=real, key=key: calls.__setitem__(key, calls[key] + 1) or real(*a))
-    model = make_model(attn, conv_kernel, dtype=torch.float64)
-    fast = FastDecoder(model, batch_size=3, max_len=150, chunk=4, split_k_from=64)
-    idx = torch.randint(0, VOCAB, (3, 20), generator=torch.Generator().manual_seed(4))
-    assert_same_decoding(model, fast, idx, 130)
-    if attn == "swa":
-        assert calls == {"split": 0, "one": 0}
-    else:  # 2 layers; the steps at lengths 20 ... 59 read 24 ... 60 keys, those at 60 ... 149 read 64 ... 152
-        assert calls == {"one": 2 * 40, "split": 2 * 90}
-
-
-@pytest.mark.parametrize("conv_kernel", [0, 3])
-@pytest.mark.parametrize("split_k_from", [None, 64])
-def test_orthros_base_twin_reading_its_window_by_rows_matches_naive(conv_kernel, split_k_from, monkeypatch):
-    """float64, batch 3, 130 greedy steps from a prompt of 20 (window 8): both twins in one pass
-    below window_rows_from = 48 keys, from there on the base twin reads its window by rows and the
-    output twin alone reads the bucket (with and without split-K): the naive decoder's tokens,
-    logits within 1e-6."""
-    gathered = {"n": 0}
-    real = engine.window_rows
-    monkeypatch.setattr(engine, "window_rows", lambda *a: gathered.__setitem__("n", gathered["n"] + 1) or real(*a))
-    model = make_model("orthros", conv_kernel, dtype=torch.float64)
-    fast = FastDecoder(model, batch_size=3, max_len=150, chunk=4, split_k_from=split_k_from, window_rows_from=48)
-    idx = torch.randint(0, VOCAB, (3, 20), generator=torch.Generator().manual_seed(5))
-    assert_same_decoding(model, fast, idx, 130)
-    assert gathered["n"] == 106   # the steps at lengths 44 ... 149 read 48 ... 152 keys (one call per step)
-    assert not fast.uses_window_rows(44) and fast.uses_window_rows(48)
-
-
-def test_long_context_paths_by_default_follow_the_batch():
-    """By default (measured on an H200): split-K at batch 1 from 64K keys, the base twin's window by rows at
-    batch >= 8 from 64K keys, neither below 64K keys; explicit values win."""
-    model = make_model("orthros")
-    one, eight = FastDecoder(model, batch_size=1, max_len=16), FastDecoder(model, batch_size=8, max_len=16)
-    assert one.uses_split_k(65536) and not one.uses_split_k(32768) and not one.uses_window_rows(131072)
-    assert eight.uses_window_rows(65536) and not eight.uses_window_rows(32768) and not eight.uses_split_k(131072)
-    forced = FastDecoder(model, batch_size=8, max_len=16, split_k_from=0, window_rows_from=None)
-    assert forced.uses_split_k(256) and not forced.uses_window_rows(131072)
-    assert FastDecoder(make_model("swa"), batch_size=1, max_len=16).uses_window_rows(256)   # SWA always does
-
-
-def random_attention_inputs(L, window, dtype=torch.float64, B=2, H=3, D=16, n=12, c=8, pos=83, scale=3.0, seed=0):
-    """q (B, H, L, D), k, v (B, H, n*c, D), v in chunks (n, B, H, c, D), and key_masks' rows
-    for the token at pos (the rows past it masked; row 0 windowed for Orthros's base twin)."""
-    gen = torch.Generator().manual_seed(seed)
-    S = n * c
-    q = scale * torch.randn(B, H, L, D, generator=gen, dtype=torch.float64)
-    k = scale * torch.randn(B, H, S, D, generator=gen, dtype=torch.float64)
-    v = torch.randn(B, H, S, D, generator=gen, dtype=torch.float64)
-    mask = key_masks(torch.tensor([pos]), S, window)[:L]
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    return q, k, v, v.unflatten(2, (n, c)).permute(2, 0, 1, 3, 4).contiguous(), mask
-
-
-@pytest.mark.parametrize("L, window", [(2, 5), (1, None), (1, 5), (2, None)])
-def test_split_k_attention_equals_plain_attention(L, window):
-    """split_k_attention (and chunked_attention) on random float64 inputs, against attend() and
-    the softmax written out: both twins (L=2, row 0 windowed) or one row, masked tail rows (pos
-    83 of 96), chunks of 8 with nothing in the window (maxima -inf), scores large enough (scale 3)
-    that chunk maxima differ by tens: equal within 1e-12."""
-    q, k, v, v_chunks, mask = random_attention_inputs(L, window)
-    ref = attend(q, k, v, mask)
-    scores = q @ k.transpose(-1, -2) / 4.0 + mask                         # D = 16
-    written_out = torch.softmax(scores, -1) @ v
-    torch.testing.assert_close(ref, written_out, rtol=0, atol=1e-12)
-    for fn in (split_k_attention, chunked_attention):
-        torch.testing.assert_close(fn(q, k, v_chunks, mask), ref, rtol=0, atol=1e-12)
-    if window:
-        assert (mask[0].view(12, 8) == 0).any(-1).sum() <= 2   # most chunks lie outside row 0's window
-
-
-@pytest.mark.parametrize("L, window", [(2, 5), (1, None)])
-def test_split_k_attention_bf16_is_as_close_as_plain(L, window):
-    """In bf16 (the CPU path upcasts where cuBLAS would accumulate in float32), split-K is as close
-    to the float64 result of the same rounded inputs as the plain attention is (rel. ~1e-3)."""
-    q, k, v, v_chunks, mask = random_attention_inputs(L, window, dtype=torch.bfloat16, n=32, c=16, pos=500, scale=1.0)
-    ref = attend(q.double(), k.double(), v.double(), mask)
-    rel = lambda out: ((out.double() - ref).norm() / ref.norm()).item()
-    plain, split = rel(attend(q, k, v, mask)), rel(split_k_attention(q, k, v_chunks, mask))
-    assert split < 1e-2 and split <= 1.5 * plain + 1e-3, (split, plain)
-
-
-def test_compiled_layers_compile_once_per_kind_not_per_step():
-    """FastDecoder(compile=...) over the three models in one process, each at batch 1 and 3, and
-    then again at batch 1 with another cache size: layer_in and layer_out compile at a decoder's
-    first step, once per model kind and batch size; never per step, bucket, split mode, layer,
-    model instance or cache size (a counting backend sees every graph torch.compile builds)."""
-    torch._dynamo.reset()
-    graphs, where = [], [None]
-
-    def backend(gm, example_inputs):
-        graphs.append(where[0])
+    def counting_backend(gm, example_inputs):
+        counted.append(gm)
         return gm.forward
 
-    for attn in ATTN_TYPES:
-        for B, max_len in ((1, 80), (3, 90), (1, 70)):
-            model = make_model(attn, conv_kernel=3 if attn == "orthros" else 0)
-            fast = FastDecoder(model, batch_size=B, max_len=max_len, chunk=4, split_k_from=64, compile={"backend": backend})
-            logits, state = fast.prefill(torch.randint(0, VOCAB, (B, 40)))
-            while state.length < max_len:
-                where[0] = (attn, B, state.length)
-                logits, state = fast.decode(logits[:, -1].argmax(-1), state)
-    # Orthros (two rows, the convolution) and the Transformer (one row, stacked W_QKV) at batch 1
-    # and 3: two functions each, at the first step. SWA's layers have the Transformer's shapes
-    # and code: in float32 its graphs are reused (in bf16 its attention's output is bf16, the
-    # Transformer's float32, and layer_out compiles once more).
-    assert graphs == [(attn, B, 40) for attn in ("orthros", "transformer") for B in (1, 3) for _ in range(2)]
+    out = {"decoders": {}}
+    gen = torch.Generator().manual_seed(1)
+    for case, (attn, conv_kernel) in CASES.items():
+        model = make_model(attn, conv_kernel)
+        if attn == "orthros":
+            fast, graphs = FastDecoder(model, BATCH, MAX_LEN), unique_graphs
+        else:
+            fast, graphs = FastDecoder(model, BATCH, MAX_LEN, compile={"backend": counting_backend}), lambda: len(counted)
+        out["decoders"][case] = fast
+        out[case] = [teacher_forced(model, fast, torch.randint(0, VOCAB, (BATCH, T), generator=gen), steps, graphs)
+                     for T, steps in SEGMENTS]
+    return out
 
 
-def test_bucket_len_rounds_up_by_little():
-    """A bucket holds every valid key, reads at most max(chunk, n/64) rows more, never shrinks
-    as n grows, and a doubling of n crosses at most 64 buckets."""
-    chunk = 256
-    buckets = [bucket_len(n, chunk) for n in range(1, 70000)]
-    for n, b in enumerate(buckets, start=1):
-        assert n <= b <= n + max(chunk, n // 64)
-    assert all(a <= b for a, b in zip(buckets, buckets[1:]))
-    assert len(set(b for n, b in enumerate(buckets, start=1) if 32768 < n <= 65536)) <= 64
+@pytest.mark.parametrize("case", CASES)
+def test_fast_decoder_gives_the_naive_tokens_and_logits(runs, case):
+    """Over 35 steps in four segments, crossing key blocks and the window, with stale cache rows
+    from longer prompts: the naive decoder's greedy tokens, and its logits within 1e-5 (float32)."""
+    for tokens, logits, fast_logits, _ in runs[case]:
+        assert torch.equal(fast_logits.argmax(-1)[:, :-1], tokens)
+        torch.testing.assert_close(fast_logits, logits, rtol=1e-5, atol=1e-5)
 
 
-def test_bad_input_gives_clear_errors():
-    """Wrong batch size, decoding past max_len, a cache from another decoder, decode before
-    prefill, and a max_len beyond the model's max_seq_len are refused with a clear error."""
-    model = make_model()
-    fast = FastDecoder(model, batch_size=2, max_len=6)
-    with pytest.raises(ValueError, match="prefill"):
-        fast.decode(torch.zeros(2, 1, dtype=torch.long), fast.cache)
+@pytest.mark.parametrize("case", CASES)
+def test_a_long_generation_compiles_once(runs, case):
+    """Every step after a decoder's first reuses its graph: no compiling per step, length or
+    block, nor per prompt; the second Orthros model reuses the first one's kernel."""
+    compiled = [n for *_, per_step in runs[case] for n in per_step]
+    assert sum(compiled[1:]) == 0 and compiled[0] == (0 if case == "orthros+conv" else 1)
+
+
+@pytest.mark.parametrize("window", [None, 1, 8, 128, 200])
+def test_block_table_lists_exactly_the_blocks_in_the_window(window):
+    """For every position of 5 blocks, block_table lists, in order, exactly the blocks that hold
+    a key in_window allows, and kv_num_blocks counts them."""
+    n_blocks = 5
+    keys = torch.arange(n_blocks * BLOCK)
+    for pos in range(n_blocks * BLOCK):
+        num, indices = block_table(torch.tensor([pos]), window, n_blocks)
+        blocks = (keys[in_window(pos, keys, window)] // BLOCK).unique().tolist()
+        assert indices.shape == (1, 1, 1, n_blocks) and indices.dtype == num.dtype == torch.int32
+        assert indices.flatten()[:num.item()].tolist() == blocks, pos
+
+
+def test_fast_decoder_matches_naive_in_inference_mode(runs):
+    """The decoder's buffers stay writable under torch.inference_mode (as bench.py runs it)."""
+    fast = runs["decoders"]["orthros"]
+    idx = torch.randint(0, VOCAB, (BATCH, 30), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        tokens, logits, fast_logits, _ = teacher_forced(fast.model, fast, idx, 5, unique_graphs)
+    torch.testing.assert_close(fast_logits, logits, rtol=1e-5, atol=1e-5)
+
+
+def test_cache_rows_are_whole_blocks():
+    """max_len 400 gives a cache of 512 rows (4 blocks) per layer, K and V in (B, H, rows, D)."""
+    fast = FastDecoder(make_model(), BATCH, MAX_LEN)
+    assert fast.cache.rows == 512 and all(k.shape == v.shape == (BATCH, 2, 512, 8) for k, v in zip(fast.cache.k, fast.cache.v))
+
+
+def test_bad_input_gives_clear_errors(runs):
+    """Wrong batch size, a prompt past max_len, decoding past max_len, a cache from another decoder,
+    decode before prefill, a max_len beyond the model's max_seq_len and float64 are refused."""
+    fast = runs["decoders"]["orthros"]
+    model = fast.model
+    new = FastDecoder(model, BATCH, MAX_LEN)
+    with pytest.raises(ValueError, match="empty: call decoder.prefill"):
+        new.decode(torch.zeros(BATCH, 1, dtype=torch.long), new.cache)
     with pytest.raises(ValueError, match="batch_size=2"):
         fast.prefill(torch.zeros(3, 4, dtype=torch.long))
-    with pytest.raises(ValueError, match="does not fit max_len=6"):
-        fast.prefill(torch.zeros(2, 7, dtype=torch.long))
-    logits, cache = fast.prefill(torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="does not fit max_len=400"):
+        fast.prefill(torch.zeros(BATCH, MAX_LEN + 1, dtype=torch.long))
+    logits, cache = fast.prefill(torch.zeros(BATCH, MAX_LEN - 1, dtype=torch.long))
     with pytest.raises(ValueError, match="batch size 2"):
         fast.decode(torch.zeros(3, 1, dtype=torch.long), cache)
-    _, naive_cache = model.prefill(torch.zeros(2, 4, dtype=torch.long))
+    _, naive_cache = model.prefill(torch.zeros(BATCH, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="not made by this decoder"):
-        fast.decode(torch.zeros(2, 1, dtype=torch.long), naive_cache)
-    with pytest.raises(ValueError, match="not made by this decoder"):
-        FastDecoder(model, batch_size=2, max_len=6).decode(torch.zeros(2, 1, dtype=torch.long), cache)
-    for _ in range(2):
-        logits, cache = fast.decode(torch.zeros(2, 1, dtype=torch.long), cache)
-    with pytest.raises(ValueError, match="past max_len=6"):
-        fast.decode(torch.zeros(2, 1, dtype=torch.long), cache)
+        fast.decode(torch.zeros(BATCH, 1, dtype=torch.long), naive_cache)
+    logits, cache = fast.decode(torch.zeros(BATCH, 1, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match="past max_len=400"):
+        fast.decode(torch.zeros(BATCH, 1, dtype=torch.long), cache)
     with pytest.raises(ValueError, match="max_seq_len=400"):
-        FastDecoder(model, batch_size=1, max_len=401)
+        FastDecoder(model, 1, MAX_LEN + 1)
+    with pytest.raises(ValueError, match="float64"):
+        FastDecoder(make_model(dtype=torch.float64), 1, 16)
 
 
 # -----------------------------------------------------------------------------
-# GPU: captured graphs in bf16, on a model trained for a few seconds (a random model's
-# logits are too flat: any rounding difference would flip its argmax).
+# GPU: the CUDA graph in bf16. A trained model for greedy tokens (a random model's logits are
+# too flat: any rounding difference would flip its argmax), random ones for every attention.
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -307,66 +187,93 @@ def bf16_near_tie(logits, ulps=4):
     return top2[..., 0] - top2[..., 1] <= ulps * torch.finfo(torch.bfloat16).eps * top2[..., 0].abs()
 
 
+def relative_error(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
 @cuda
 @pytest.mark.parametrize("compile", [False, True])
 def test_cuda_graph_decoder_gives_the_naive_greedy_tokens(trained_tiny, compile):
-    """bf16 on the GPU with CUDA graphs (and compiled layers), trained tiny Orthros, batch 4:
-    200 greedy tokens equal the naive decoder's up to the first bf16 near-tie (top two logits
-    within 4 rounding steps: there either choice is right); fed the naive tokens, the fast
-    decoder picks the same token wherever there is no near-tie, with logits within 3%.
-    The buckets (128, 192 keys: one softmax per row; 256, 320: split-K) each have their graph."""
+    """bf16 on the GPU, one CUDA graph (and compiled layers), trained tiny Orthros, batch 4, 200
+    steps (keys 101 ... 300: three blocks): fed the naive decoder's greedy tokens, the same token
+    wherever there is no bf16 near-tie (top two logits within 4 rounding steps: there either
+    choice is right), logits within 3%, nothing compiled after the first step; decoding on its
+    own, the naive tokens up to the first near-tie."""
     model, idx = trained_tiny
-    fast = FastDecoder(model, batch_size=4, max_len=300, compile=compile, chunk=64, split_k_from=256)
-    assert fast.cache.rows == 320
-    tokens, logits = greedy(model, idx, 200)
-    fast_tokens, _ = greedy(fast, idx, 200)
+    fast = FastDecoder(model, batch_size=4, max_len=301, compile=compile)
+    tokens, logits, forced, compiled = teacher_forced(model, fast, idx, 200, unique_graphs)
+    clear = ~bf16_near_tie(logits)
+    assert torch.equal(forced.argmax(-1)[clear], logits.argmax(-1)[clear])
+    assert relative_error(forced, logits) < 0.03 and sum(compiled[1:]) == 0
+    free_tokens, step_logits = [], fast.prefill(idx)[0]   # now the fast decoder's own greedy tokens
+    for _ in range(200):
+        free_tokens.append(step_logits[:, -1].argmax(-1, keepdim=True))
+        step_logits, _ = fast.decode(free_tokens[-1], fast.cache)
+    free_tokens = torch.cat(free_tokens, 1)
     for row in range(4):
-        differ = (fast_tokens[row] != tokens[row]).nonzero()
+        differ = (free_tokens[row] != tokens[row]).nonzero()
         if len(differ):
             assert bf16_near_tie(logits[row, differ[0, 0]]), f"row {row} diverged at step {differ[0, 0].item()}"
-    # Teacher-forced: the fast decoder decodes the naive decoder's tokens.
-    forced, state = fast.prefill(idx)
-    forced = [forced]
-    for t in range(199):
-        step_logits, state = fast.decode(tokens[:, t], state)
-        forced.append(step_logits)
-    forced = torch.cat(forced, dim=1)                                       # (4, 200, vocab)
-    clear = ~bf16_near_tie(logits[:, :200])
-    assert torch.equal(forced.argmax(-1)[clear], tokens[clear])
-    rel = ((forced.float() - logits[:, :200].float()).norm() / logits[:, :200].float().norm()).item()
-    assert rel < 0.03, rel
-    assert sorted(fast.graphs) == [128, 192, 256, 320] and fast.uses_split_k(256) and not fast.uses_split_k(192)
+
+
+# Every case of CASES, and one with the options for Llama-architecture models: grouped-query
+# attention (FlexAttention's enable_gqa: 2 query heads per key/value head) and a SwiGLU MLP.
+CUDA_CASES = {**{case: (attn, conv, {}) for case, (attn, conv) in CASES.items()},
+              "orthros+gqa+swiglu": ("orthros", 0, {"n_head": 4, "n_kv_head": 2, "mlp": "swiglu"})}
 
 
 @cuda
-@pytest.mark.parametrize("L, window", [(2, 128), (1, None)])
-def test_cuda_split_k_attention_at_128k_keys(L, window):
-    """bf16 on the GPU at the bench's long context: B=1, 6 heads of 128, 131,072 keys in chunks of
-    256 (pos 131,000: the last rows masked), Orthros's two twins or the Transformer's one row:
-    split-K is as close to float64 as the one-softmax path (relative error ~1e-3), and both are
-    well within 1e-2. Also inside a captured CUDA graph: the same result on replay."""
+@pytest.mark.parametrize("case", CUDA_CASES)
+@pytest.mark.parametrize("compile", [False, True])
+def test_cuda_graph_decoder_is_as_close_to_float32_as_naive_bf16(case, compile):
+    """Every attention, the convolution and grouped-query attention, random weights, bf16, batch 2,
+    150 steps from a prompt of 120 (keys 121 ... 270: three blocks): fed the same tokens, the fast
+    decoder's logits are as close to the naive decoder's in float32 as the naive decoder's in bf16
+    are (about 1%), and nothing is compiled after the first step."""
+    attn, conv_kernel, options = CUDA_CASES[case]
+    options = {"n_embd": 64, "n_head": 2, "window": 32, **options}
+    model = make_model(attn, conv_kernel, **options).cuda()
+    bf16 = make_model(attn, conv_kernel, **options).cuda().bfloat16()
+    idx = torch.randint(0, VOCAB, (2, 120), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+    _, reference, naive_bf16, _ = teacher_forced(model, bf16, idx, 150, unique_graphs)
+    _, _, fast, compiled = teacher_forced(model, FastDecoder(bf16, 2, 300, compile=compile), idx, 150, unique_graphs)
+    assert relative_error(fast, reference) <= 1.5 * relative_error(naive_bf16, reference) + 1e-3
+    assert sum(compiled[1:]) == 0
+
+
+@cuda
+@pytest.mark.parametrize("windows", [(128, None), (None,), (128,)])
+def test_cuda_fused_attention_at_128k_keys_in_one_graph(windows):
+    """bf16 at the bench's long context: batch 1, 6 heads of 128, a cache of 131,072 rows; one
+    captured CUDA graph of the compiled FlexAttention call replayed at positions 130,000 and 700
+    (the length in device tensors only): each within 1e-2 of the float64 reference."""
     torch.manual_seed(0)
-    S, c, pos = 131072, 256, 131000
+    S, L = 131072, len(windows)
     q = torch.randn(1, 6, L, 128, device="cuda").bfloat16()
     k = torch.randn(1, 6, S, 128, device="cuda").bfloat16()
     v = torch.randn(1, 6, S, 128, device="cuda").bfloat16()
-    v_chunks = v.unflatten(2, (S // c, c)).permute(2, 0, 1, 3, 4).contiguous()
-    mask = key_masks(torch.tensor([pos], device="cuda"), S, window)[:L]
-    ref = attend(q.double(), k.double(), v.double(), mask.double())
-    rel = lambda out: ((out.double() - ref).norm() / ref.norm()).item()
-    split, one = split_k_attention(q, k, v_chunks, mask), chunked_attention(q, k, v_chunks, mask)
-    assert rel(split) < 1e-2 and rel(one) < 1e-2 and rel(split) <= 1.5 * rel(one) + 1e-3, (rel(split), rel(one))
+    pos = torch.zeros(1, dtype=torch.long, device="cuda")
+    mask, refresh = engine.decode_block_mask(pos, windows, S)
+
+    def step():
+        refresh()
+        return engine.compiled_flex_attention(q, k, v, block_mask=mask)
+
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        split_k_attention(q, k, v_chunks, mask)
+        step()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = split_k_attention(q, k, v_chunks, mask)
-    captured.zero_()
-    graph.replay()   # NOTE: cuBLAS may pick another kernel on the capture stream: equal up to rounding
-    assert ((captured.float() - split.float()).norm() / split.float().norm()).item() < 1e-2
+        out = step()
+    keys = torch.arange(S, device="cuda")
+    for p in (130000, 700):
+        pos.fill_(p)
+        graph.replay()
+        allowed = torch.stack([in_window(p, keys, w) for w in windows])              # (L, S)
+        scores = (q.double() @ k.double().transpose(-1, -2) / 128 ** 0.5).masked_fill(~allowed, float("-inf"))
+        assert relative_error(out, torch.softmax(scores, -1) @ v.double()) < 1e-2, p
 
 
 # -----------------------------------------------------------------------------
@@ -384,53 +291,21 @@ def test_decode_bytes_counts_the_prefix_once_and_swa_its_window():
     assert decode_bytes(cfg["swa"], 1000, 3, 5) == 1000 * 2 + 3 * 5 * kv_per_key
 
 
-def test_bench_decode_section_runs_every_variant(tmp_path):
-    """python bench.py --sections decode (tiny, CPU): a median record for every model and variant
-    (naive and fast; the fast decoder once per distinct split_k_from: split-K and one softmax,
-    SWA's once), with tokens/s, the HBM fraction, no compiling in the timed steps, how the prompt
-    cache was made, and the run's metadata in the JSON."""
+def test_bench_tiny_cpu_smoke_runs_every_section(tmp_path, runs):
+    """python perf/bench.py --tiny --device cpu for Orthros at the shapes of `runs` (its compiled kernel),
+    one length, round and few steps: every section (prefill, decode: naive and fast) records
+    its figures without an error, and the decode records tokens/s, the HBM fraction, no compiling
+    in the timed steps and the run's metadata."""
     import json
     from perf import bench
     out = tmp_path / "bench.json"
-    bench.main(["--tiny", "--device", "cpu", "--sections", "decode", "--decode_ctx", "24", "--decode_batches", "2",
-                "--decode_reps", "2", "--decode_steps", "3", "--decode_cache", "random", "--out", str(out),
-                "--out_decode_png", ""])
-    saved = json.loads(out.read_text())
-    assert {(r["attn"], r["variant"]) for r in saved["decode"]} == \
-        {(a, v) for a in bench.MODELS for v in ("naive", "fast split_k_from=128", "fast split_k_from=none")} - \
-        {("swa", "fast split_k_from=none")}
-    for r in saved["decode"]:
-        assert r["status"] == "ok" and len(r["runs_tokens_per_s"]) == 2 and r["compiles_timed"] == 0
-        assert r["tokens_per_s"] > 0 and r["hbm_fraction"] > 0
-        if r["decoder"] == "fast":
-            assert r["split_k"] == (r["split_k_from"] == 128 and r["attn"] != "swa") and r["keys_read"] == [256]
-    assert saved["decode_meta"]["decode_cache"].startswith("random") and not saved["decode_meta"]["skipped"]
-    assert {"device", "torch", "git_commit", "git_clean", "date_utc"} <= set(saved["meta"])
-
-
-def test_bench_decode_time_budget_keeps_the_first_round(tmp_path):
-    """A --time_budget that has run out by the end of the first round: every setting keeps its
-    first round (which always runs whole), the later ones are listed as skipped."""
-    import json
-    from perf import bench
-    out = tmp_path / "bench.json"
-    bench.main(["--tiny", "--device", "cpu", "--sections", "decode", "--decode_ctx", "24", "--decode_batches", "1,2",
-                "--decode_reps", "3", "--decode_steps", "2", "--decode_variants", "fast", "--time_budget", "1e-3",
-                "--out", str(out), "--out_decode_png", ""])
-    saved = json.loads(out.read_text())
-    assert saved["decode"] and all(r["runs"] == 1 for r in saved["decode"])
-    assert len(saved["decode_meta"]["skipped"]) == 2 * 2   # rounds 2 and 3 of both settings
-
-
-def test_bench_tiny_cpu_smoke_runs_every_section(tmp_path):
-    """python perf/bench.py --tiny --device cpu, cut to one length, round and step: every section
-    (prefill, decode, train) records its figures without an error."""
-    import json
-    from perf import bench
-    out = tmp_path / "bench.json"
-    bench.main(["--tiny", "--device", "cpu", "--prefill_lens", "256", "--reps", "1", "--warmup", "0", "--decode_ctx", "24",
-                "--decode_batches", "1", "--decode_reps", "1", "--decode_steps", "2", "--train_T", "64", "--out", str(out),
-                "--out_png", "", "--out_decode_png", ""])
+    bench.main(["--tiny", "--device", "cpu", "--dtype", "float32", "--models", "orthros", "--n_embd", "16",
+                "--window", "8", "--vocab_size", str(VOCAB), "--prefill_lens", "256", "--reps", "1", "--warmup", "1",
+                "--decode_ctx", "390", "--decode_batches", str(BATCH), "--decode_reps", "1", "--decode_steps", "2",
+                "--decode_cache", "random", "--train_T", "64", "--out", str(out), "--out_png", "", "--out_decode_png", ""])
     saved = json.loads(out.read_text())
     for section in ("prefill", "decode", "train"):
         assert saved[section] and all(r["status"] == "ok" for r in saved[section]), section
+    assert {r["variant"] for r in saved["decode"]} == {"naive", "fast"}
+    assert all(r["tokens_per_s"] > 0 and r["hbm_fraction"] > 0 and r["compiles_timed"] == 0 for r in saved["decode"])
+    assert {"device", "torch", "git_commit", "git_clean", "date_utc"} <= set(saved["meta"])
