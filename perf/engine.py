@@ -68,11 +68,11 @@ def decode_block_mask(pos, windows, rows):
     return mask, refresh
 
 
-def layer(block, z, k_cache, v_cache, conv_state, pos, rope, weights, block_mask, attention, kernel_options):
-    """Alg. 1 and Alg. 2, lines 4-7, for the new token: z (B, L, C), L = 2 (base twin, output
-    twin) for Orthros, 1 for the baselines -> the layer's output (B, L, C). k_cache, v_cache,
-    conv_state: the layer's in StaticKVCache, written at row pos (a (1,) tensor); rope: at pos;
-    weights: stacked_weights'; attention: flex_attention or its compiled copy."""
+def layer_in(block, z, k_cache, v_cache, conv_state, pos, rope, weights):
+    """Alg. 1, lines 2-7, for the new token: z (B, L, C), L = 2 (base twin, output twin) for
+    Orthros, 1 for the baselines -> the queries q (B, H, L, D); its K, V (and conv state) written
+    into the layer's k_cache, v_cache (conv_state) at row pos (a (1,) tensor). rope: at pos;
+    weights: stacked_weights'."""
     attn = block.attn
     B, L, _ = z.shape
     H, H_kv, D = attn.n_head, kv_heads(attn), attn.head_dim
@@ -91,14 +91,17 @@ def layer(block, z, k_cache, v_cache, conv_state, pos, rope, weights, block_mask
     q = apply_rope(q.view(B, L, H, D).transpose(1, 2), cos, sin)            # (B, H, L, D)
     k_cache.index_copy_(2, pos, apply_rope(k.view(B, 1, H_kv, D).transpose(1, 2), cos, sin))
     v_cache.index_copy_(2, pos, v.view(B, 1, H_kv, D).transpose(1, 2))     # (B, H_kv, 1, D): the new token
-    y = attention(q, k_cache, v_cache, block_mask=block_mask, enable_gqa=H != H_kv,   # Alg. 1, lines 8-9
-                  kernel_options=kernel_options)                           # (B, H, L, D)
-    z = z + attn.c_proj(y.transpose(1, 2).reshape(B, L, H * D))           # lines 10-12
-    return z + block.mlp(block.ln_2(z))                                   # Alg. 2, lines 6-7
+    return q
+
+
+def layer_out(block, z, y):
+    """Alg. 1, lines 10-12, and Alg. 2, lines 5-7: z (B, L, C) and the attention's output y (B, H, L, D)."""
+    z = z + block.attn.c_proj(y.transpose(1, 2).reshape(z.shape))
+    return z + block.mlp(block.ln_2(z))
 
 
 def stacked_weights(attn):
-    """layer()'s weights of this attention, new tensors: (W_Q, W_K, W_V stacked, their biases
+    """layer_in()'s weights of this attention, new tensors: (W_Q, W_K, W_V stacked, their biases
     stacked, alpha (2, C), beta (2, C)), each None where it has none (W_QKV: with the convolution)."""
     linears = (attn.c_q, attn.c_k, attn.c_v)
     w_qkv = None if attn.conv is not None else torch.cat([m.weight for m in linears])
@@ -125,8 +128,8 @@ class FastDecoder:
     model: an Orthros (any attn) in eval mode, on its device, in float32, float16 or bfloat16.
     batch_size, max_len: the cache's size (max_len <= model.config.max_seq_len; default: that).
     compile: False: the layers run eagerly around compiled_flex_attention; True (or a dict of
-    torch.compile options, e.g. {"backend": ...}): each layer compiled whole, one graph for all
-    layers. Either way one graph per model kind, batch and cache size serves every step.
+    torch.compile options, e.g. {"backend": ...}): the dense parts before and after it compiled
+    too (one graph each for all layers). One graph per model kind, batch and cache size serves every step.
     cuda_graphs: default on CUDA. kernel_options: FlexAttention's (perf/decode_probe.py sweeps them).
     NOTE: W_Q, W_K, W_V and the scale-offsets are copied (stacked) at each prefill(), the other
     weights read where they are: change weights only between generations."""
@@ -143,6 +146,9 @@ class FastDecoder:
         if dtype not in DTYPES:
             raise ValueError(f"FastDecoder runs FlexAttention, which computes in {', '.join(map(str, DTYPES))}; "
                              f"the model is in {dtype}: convert it (model.float()) or decode with the model's own decode()")
+        if kernel_options is None and device.type == "cuda":  # twice FlexAttention's default KV split (results/README.md, Decode)
+            kernel_options = {"SPLIT_KV": 4 * max(torch.cuda.get_device_properties(device).multi_processor_count
+                                                  // (batch_size * kv_heads(model.blocks[0].attn)), 1)}
         self.model, self.kernel_options, self.orthros = model, kernel_options, cfg.attn == "orthros"
         windows = (model.blocks[0].attn.window,) + ((None,) if self.orthros else ())   # per query row (None: all keys)
         self.rope_options = {"scaling": cfg.rope_scaling} if getattr(cfg, "rope_scaling", None) else {}
@@ -157,8 +163,9 @@ class FastDecoder:
         # at three batch sizes, would make it run the function eagerly without a word.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         options = compile if isinstance(compile, dict) else {}
-        self.layer = torch.compile(layer, fullgraph=True, dynamic=False, **options) if compile else layer
-        self.attention = flex_attention if compile else compiled_flex_attention   # compiled in the layer, or alone
+        dense = (lambda f: torch.compile(f, fullgraph=True, dynamic=False, **options)) if compile else (lambda f: f)
+        self.layer_in, self.layer_out = dense(layer_in), dense(layer_out)
+        self.attention = dense(lambda *a, **k: flex_attention(*a, **k)) if compile else compiled_flex_attention
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.graph = self.graph_logits = None  # the CUDA graph and its output, captured at the first decode
 
@@ -228,8 +235,10 @@ class FastDecoder:
         rope = rope_cos_sin(self.pos, model.blocks[0].attn.head_dim, cfg.rope_base, x.dtype, **self.rope_options)
         self.refresh_block_mask()                                       # the key blocks up to pos
         for l, block in enumerate(model.blocks):                        # Alg. 2, lines 3-7
-            z = self.layer(block, z, c.k[l], c.v[l], c.conv[l], self.pos, rope, self.weights[l],
-                           self.block_mask, self.attention, self.kernel_options)
+            q = self.layer_in(block, z, c.k[l], c.v[l], c.conv[l], self.pos, rope, self.weights[l])
+            y = self.attention(q, c.k[l], c.v[l], block_mask=self.block_mask, kernel_options=self.kernel_options,
+                               enable_gqa=q.size(1) != c.k[l].size(1))   # Alg. 1, lines 8-9: (B, H, L, D)
+            z = self.layer_out(block, z, y)
         return model.lm_head(model.ln_f(z[:, -1:]))                     # Alg. 2, lines 9-10
 
     def _graph(self):
