@@ -169,8 +169,8 @@ class HFTokenizer:
     """A Hugging Face checkpoint's own tokenizer, DIR/tokenizer.json, read by the tokenizers package.
 
     encode(text) adds what tokenizer.json's post-processor adds, as transformers' tokenizer does for
-    a prompt: the BOS token first for Llama 2 and 3, TinyLlama and Mistral; nothing for SmolLM2 or
-    Qwen2. So a prepared document is [BOS] text EOS, as these models were trained. Special tokens
+    a prompt: the BOS token first where the post-processor prepends one (Llama's does), else
+    nothing. So a prepared document is [BOS] text EOS, as such models were trained. Special tokens
     written in the text (e.g. "<|endoftext|>") become those tokens, as in transformers. .eot is
     the EOS token (tokenizer_config.json's eos_token, else config.json's eos_token_id), .bos the
     BOS token or None. The name, "hf:" + the absolute folder, is what checkpoints and meta.json record.
