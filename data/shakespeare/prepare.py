@@ -48,7 +48,8 @@ def prepare(input_path=None, out_dir=None, tokenizer="gpt2"):
     return write_dataset(
         out_dir, get_tokenizer(tokenizer),
         train_docs=[text[:n_train]], val_docs=[text[n_train:]], append_eot=False,
-        source=f"Tiny Shakespeare ({URL}), read from {input_path}; first 90% of characters train, last 10% val",
+        source=(f"Tiny Shakespeare ({URL}), read from {input_path}" if input_path == DEFAULT_INPUT else str(input_path))
+        + "; first 90% of characters train, last 10% val",
     )
 
 
