@@ -6,6 +6,7 @@ the exercises read them, all through this file.
     save_checkpoint("out/run/ckpt_last.pt", model=model.state_dict(), model_config=..., step=...)
     ckpt = load_checkpoint("out/run/ckpt_last.pt")    # a dict; weights_only: opening it runs no code
     model = model_from_checkpoint(ckpt)               # orthros.Orthros with the checkpoint's weights
+    ckpt = load_checkpoint("hf:models/SmolLM2-135M")  # a Hugging Face checkpoint folder, converted (convert/hf.py)
 
 A checkpoint is a dict saved by torch.save, holding only tensors and plain values:
     format        "orthros-checkpoint-v1" (anything else is refused)
@@ -39,7 +40,11 @@ def save_checkpoint(path, **state):
 
 
 def load_checkpoint(path, device="cpu"):
-    """Read a checkpoint that save_checkpoint wrote. weights_only=True: opening a file cannot run code."""
+    """Read a checkpoint that save_checkpoint wrote. weights_only=True: opening a file cannot run code.
+    "hf:DIR" converts the Hugging Face checkpoint in folder DIR instead, with window 128 (convert/hf.py)."""
+    if str(path).startswith("hf:"):
+        from convert.hf import load_hf_checkpoint  # needs safetensors and tokenizers: imported only for hf:
+        return load_hf_checkpoint(str(path)[3:], device=device)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
@@ -74,9 +79,9 @@ def load_start(init_from, out_dir):
 
 
 def model_from_checkpoint(ckpt, **config_overrides):
-    """The model a checkpoint describes, with its weights. config_overrides may change fields that
-    do not touch the weights, e.g. max_seq_len for longer generation."""
-    model = Orthros(OrthrosConfig(**{**ckpt["model_config"], **config_overrides}))
+    """The model a checkpoint describes, with its weights, in their dtype. config_overrides may change
+    fields that do not touch the weights, e.g. max_seq_len for longer generation, or the window."""
+    model = Orthros(OrthrosConfig(**{**ckpt["model_config"], **config_overrides})).to(ckpt["model"]["wte.weight"].dtype)
     model.load_state_dict(ckpt["model"])
     return model
 

@@ -21,14 +21,16 @@ Choices of this implementation, not dictated by the paper: pre-norm RMSNorm, rot
 embeddings (RoPE), a GELU MLP of width 4C, no biases, tied input and output embeddings (as in
 nanoGPT). The baselines share every line but attention: attn="transformer" is a plain GPT,
 attn="swa" uses the sliding window only. scale_offset=False is the paper's "w/o SO" ablation.
+For pretrained Llama-architecture models to convert exactly (convert/hf.py), the config also has
+grouped-query attention, SwiGLU, an untied head, RMSNorm's eps, Llama 3's RoPE scaling, Q/K/V biases.
 
 How this file reads, top to bottom:
   1. the method: the config, RoPE, the window (one predicate, in_window), the reference
      attention softmax(Q K^T / sqrt(D) + mask) V, Orthros attention (Alg. 1), MLP, Block, the
      naive KV cache, and the model (Alg. 2) with prefill, decode, generate and the conversion;
-  2. sampling the next token, the checks of what the model accepts, and one thing not in the
-     paper: an optional short convolution before K and V (off by default; it helps tiny models
-     learn recall);
+  2. sampling the next token, the checks of what the model accepts, two helpers of the options
+     for converted models (repeat_kv, llama3_inv_freq), and one thing not in the paper: an
+     optional short convolution before K and V (off by default; it helps tiny models learn recall);
   3. the fast paths: the same numbers as the reference attention by faster kernels (the
      window in O(T w) with plain SDPA or FlexAttention), and torch.compile. The tests hold
      them to part 1: a first reading can stop before part 3.
@@ -46,6 +48,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ATTN_TYPES = ("orthros", "transformer", "swa")
 SWA_IMPLS = ("auto", "flex", "blocked", "dense")
+MLP_TYPES = ("gelu", "swiglu")
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 SCALE_OFFSETS = ("alpha", "beta", "alpha_out", "beta_out")  # the scale-offsets of every layer (Alg. 1, line 5)
 IGNORE = -1  # the target of a position that is not trained (cross_entropy's ignore_index)
 
@@ -68,6 +72,13 @@ class OrthrosConfig:
     dropout: float = 0.0
     conv_kernel: int = 0         # not in the paper: 0 = off (part 2); e.g. 3 for the tiny recall models
     swa_impl: str = "auto"       # which kernel computes the attention: part 3 ("dense" = the reference)
+    n_kv_head: int | None = None      # grouped-query attention: K, V heads (None = n_head), each shared by a group of query heads
+    mlp: str = "gelu"                 # "gelu" | "swiglu" (Llama's gated MLP)
+    mlp_hidden: int | None = None     # the MLP's hidden width (None = 4 * n_embd)
+    tie_embeddings: bool = True       # the LM head is the input embedding (False: a matrix of its own)
+    norm_eps: float | None = None     # RMSNorm's epsilon (None = torch's default, the dtype's eps)
+    rope_scaling: dict | None = None  # None, or Llama 3's {"rope_type": "llama3", "factor": ..., ...} (part 2)
+    qkv_bias: bool = False            # biases on W_Q, W_K, W_V (Qwen2 has them)
 
     def __post_init__(self):
         _check_config(self)
@@ -75,10 +86,12 @@ class OrthrosConfig:
 
 # -- Positions: rotary embeddings, and the one definition of the window -----------------
 
-def rope_cos_sin(positions, head_dim, base, dtype=torch.float32):
-    """The rotary tables cos, sin: (len(positions), head_dim). Channels i and i + D/2 turn by the
-    angle position * base^(-2i/D); sin's first half is negated so apply_rope is one multiply-add."""
+def rope_cos_sin(positions, head_dim, base, dtype=torch.float32, scaling=None):
+    """The rotary tables cos, sin: (len(positions), head_dim). Channels i and i + D/2 turn by the angle
+    position * base^(-2i/D), slowed by Llama 3's scaling if given (part 2); sin's first half is
+    negated so apply_rope is one multiply-add."""
     inv_freq = base ** -(torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    inv_freq = inv_freq if scaling is None else llama3_inv_freq(inv_freq, scaling)
     angles = positions.float()[:, None] * inv_freq[None, :]                 # (T, D/2)
     cos, sin = angles.cos(), angles.sin()
     return torch.cat([cos, cos], dim=-1).to(dtype), torch.cat([-sin, sin], dim=-1).to(dtype)
@@ -127,12 +140,13 @@ class OrthrosAttention(nn.Module):
         super().__init__()
         C = config.n_embd
         self.n_head, self.head_dim = config.n_head, C // config.n_head
+        self.n_kv_head = config.n_kv_head or config.n_head   # grouped-query attention when fewer than n_head
         self.window = None if config.attn == "transformer" else config.window
         self.swa_impl, self.dropout = config.swa_impl, config.dropout
         # Alg. 1, line 2: W_Q, W_K, W_V, W_O, shared by base and output tokens.
-        self.c_q = nn.Linear(C, C, bias=False)
-        self.c_k = nn.Linear(C, C, bias=False)
-        self.c_v = nn.Linear(C, C, bias=False)
+        self.c_q = nn.Linear(C, C, bias=config.qkv_bias)
+        self.c_k = nn.Linear(C, self.n_kv_head * self.head_dim, bias=config.qkv_bias)
+        self.c_v = nn.Linear(C, self.n_kv_head * self.head_dim, bias=config.qkv_bias)
         self.c_proj = nn.Linear(C, C, bias=False)
         # The scale-offsets of Alg. 1, line 5: one value per channel, starting at identity.
         self.scale_offset = config.attn == "orthros" and config.scale_offset
@@ -143,8 +157,8 @@ class OrthrosAttention(nn.Module):
             self.beta_out = nn.Parameter(torch.zeros(C))   # beta'
         self.conv = ShortConv(C, config.conv_kernel) if config.conv_kernel else None  # not in the paper
 
-    def split_heads(self, x):  # (B, rows, C) -> (B, H, rows, D)
-        return x.view(x.size(0), x.size(1), self.n_head, self.head_dim).transpose(1, 2)
+    def split_heads(self, x):  # (B, rows, heads * D) -> (B, heads, rows, D): n_head for Q, n_kv_head for K, V
+        return x.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
 
     def forward(self, z, T, rope, cache=None):
         """z: (B, T + t_out, C): T base tokens, then t_out output tokens (none for the baselines).
@@ -161,10 +175,11 @@ class OrthrosAttention(nn.Module):
         cos, sin = rope
         q = apply_rope(self.split_heads(q), cos[:T], sin[:T])                  # (B, H, T, D)
         q_out = apply_rope(self.split_heads(q_out), cos[T:], sin[T:])          # (B, H, t_out, D)
-        k = apply_rope(self.split_heads(k), cos[:T], sin[:T])                  # (B, H, T, D)
+        k = apply_rope(self.split_heads(k), cos[:T], sin[:T])                  # (B, n_kv_head, T, D)
         v = self.split_heads(v)
         if cache is not None:   # decoding: attend every key and value seen so far
-            k, v = cache.append(k, v)                                          # (B, H, S, D)
+            k, v = cache.append(k, v)                                          # (B, n_kv_head, S, D)
+        k, v = repeat_kv(k, self.n_head), repeat_kv(v, self.n_head)            # (B, H, S, D): each head to its group
         dropout_p = self.dropout if self.training else 0.0
         # reference_attention's numbers, by the fastest exact kernel for the shape (part 3):
         o = fast_reference_attention(q, k, v, self.window, self.swa_impl, dropout_p)  # Alg. 1, line 8 (eq. 4)
@@ -176,13 +191,17 @@ class OrthrosAttention(nn.Module):
 
 
 class MLP(nn.Module):
+    """GELU (GPT-2's), or SwiGLU (Llama's): c_proj(silu(c_gate(x)) * c_fc(x))."""
+
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+        C, hidden = config.n_embd, config.mlp_hidden or 4 * config.n_embd
+        self.c_fc = nn.Linear(C, hidden, bias=False)
+        self.c_gate = nn.Linear(C, hidden, bias=False) if config.mlp == "swiglu" else None
+        self.c_proj = nn.Linear(hidden, C, bias=False)
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x)))
+        return self.c_proj(F.gelu(self.c_fc(x)) if self.c_gate is None else F.silu(self.c_gate(x)) * self.c_fc(x))
 
 
 class Block(nn.Module):
@@ -190,9 +209,9 @@ class Block(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = nn.RMSNorm(config.n_embd)
+        self.ln_1 = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.attn = OrthrosAttention(config)
-        self.ln_2 = nn.RMSNorm(config.n_embd)
+        self.ln_2 = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
@@ -204,7 +223,7 @@ class Block(nn.Module):
 
 class LayerCache:
     """The naive KV cache of one layer: keys and values (after RoPE) of all S positions so far,
-    (B, H, S, D). Not only the last w: the output tokens' cross-attention reads them all.
+    (B, n_kv_head, S, D). Not only the last w: the output tokens' cross-attention reads them all.
     conv_state: the optional convolution's last inputs (part 2), None without one."""
     k = v = conv_state = None
 
@@ -235,9 +254,10 @@ class Orthros(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
-        self.ln_f = nn.RMSNorm(config.n_embd)
+        self.ln_f = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # tied embeddings
+        if config.tie_embeddings:  # as in nanoGPT (a converted model may have a head of its own)
+            self.lm_head.weight = self.wte.weight
         for module in self.modules():  # GPT-2's init (the tied embedding is drawn twice, as in nanoGPT)
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -257,7 +277,7 @@ class Orthros(nn.Module):
             z = torch.cat([x, x[:, T - t_out:]], dim=1)     # Alg. 2, line 2: (B, T + t_out, C)
             positions = torch.cat([positions, positions[T - t_out:]])   # each output token at its twin's
         rope = rope_cos_sin(positions, self.config.n_embd // self.config.n_head, self.config.rope_base,
-                            activation_dtype(self.wte.weight))
+                            activation_dtype(self.wte.weight), self.config.rope_scaling)
         for i, block in enumerate(self.blocks):             # Alg. 2, line 3
             z = block(z, T, rope, cache.layers[i] if cache is not None else None)
         if cache is not None:
@@ -338,16 +358,23 @@ def cross_entropy(logits, targets):
 
 
 def _check_config(config):
-    if config.attn not in ATTN_TYPES:
-        raise ValueError(f"unknown attn {config.attn!r}: choose one of {ATTN_TYPES}")
-    if config.swa_impl not in SWA_IMPLS:
-        raise ValueError(f"unknown swa_impl {config.swa_impl!r}: choose one of {SWA_IMPLS}")
+    for name, choices in (("attn", ATTN_TYPES), ("swa_impl", SWA_IMPLS), ("mlp", MLP_TYPES)):
+        if getattr(config, name) not in choices:
+            raise ValueError(f"unknown {name} {getattr(config, name)!r}: choose one of {choices}")
     if config.n_embd % config.n_head or (config.n_embd // config.n_head) % 2:
         raise ValueError(f"n_embd={config.n_embd} must split into n_head={config.n_head} heads "
                          "of an even size (RoPE rotates pairs of channels)")
-    for name in ("vocab_size", "n_layer", "n_head", "window", "max_seq_len"):
-        if getattr(config, name) < 1:
+    for name in ("vocab_size", "n_layer", "n_head", "window", "max_seq_len", "n_kv_head", "mlp_hidden"):
+        if getattr(config, name) is not None and getattr(config, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(config, name)}")
+    if config.n_head % (config.n_kv_head or config.n_head):
+        raise ValueError(f"n_kv_head={config.n_kv_head} must divide n_head={config.n_head} "
+                         "(each K, V head serves an equal group of query heads)")
+    scaling = config.rope_scaling
+    if scaling is not None and not (isinstance(scaling, dict) and scaling.get("rope_type") == "llama3"
+                                    and set(LLAMA3_ROPE_KEYS) <= set(scaling)):
+        raise ValueError(f"rope_scaling must be None or Llama 3's dict, {{'rope_type': 'llama3'}} with "
+                         f"{', '.join(LLAMA3_ROPE_KEYS)}; got {scaling!r}")
     if config.conv_kernel < 0:
         raise ValueError(f"conv_kernel must be >= 0, got {config.conv_kernel}")
 
@@ -410,6 +437,21 @@ def _check_state_dict(own, state_dict):
         raise ValueError(f"state dict does not fit this model: missing {bad_missing}, "
                          f"unexpected {unexpected}. Is it from a model of another size?")
     return missing
+
+
+def repeat_kv(x, n_head):
+    """Grouped-query attention: K or V (B, n_kv_head, S, D) -> (B, n_head, S, D). Query head h
+    reads K, V head h // (n_head / n_kv_head), as in Llama; without groups, x itself."""
+    return x if x.size(1) == n_head else x.repeat_interleave(n_head // x.size(1), dim=1)
+
+
+def llama3_inv_freq(inv_freq, scaling):
+    """Llama 3's RoPE scaling (rope_type "llama3", Meta's formula): channels of wavelength above
+    original_max_position_embeddings / low_freq_factor turn factor times slower, those below .../
+    high_freq_factor keep their speed, and those between blend, linearly in original_max_... / wavelength."""
+    factor, low, high, old_len = (scaling[k] for k in LLAMA3_ROPE_KEYS)
+    smooth = ((old_len / (2 * math.pi / inv_freq) - low) / (high - low)).clamp(0, 1)  # 0 = slowed, 1 = kept
+    return (1 - smooth) * inv_freq / factor + smooth * inv_freq
 
 
 class ShortConv(nn.Module):

@@ -582,3 +582,80 @@ def test_causal_depthwise_conv_continues_from_its_state():
     torch.testing.assert_close(torch.cat([y1, y2], dim=1), y, rtol=0, atol=1e-12)
     assert torch.equal(state2, state) and torch.equal(state, x[:, -2:])
     assert make_model(conv_kernel=3).blocks[0].attn.conv.weight.shape == (16, 1, 3)
+
+
+# -----------------------------------------------------------------------------
+# The options of converted pretrained models (grouped-query attention, SwiGLU, an untied head,
+# RMSNorm's eps, Llama 3's RoPE scaling, Q/K/V biases): the invariants hold with all of them on
+
+LLAMA = dict(n_head=4, n_kv_head=2, mlp="swiglu", mlp_hidden=24, tie_embeddings=False, norm_eps=1e-5, qkv_bias=True,
+             rope_base=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                               "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+
+
+@pytest.mark.parametrize("attn", ATTN_TYPES)
+def test_llama_options_training_forward_equals_prefill_plus_decode(attn):
+    """With every conversion option on, pre-training logits equal prefill + one-token decode steps."""
+    model = make_model(attn, **LLAMA)
+    idx = torch.randint(0, 37, (3, 3 * 8 + 5))
+    full, _ = model(idx)
+    for p in [1, 7, 8, 9, 28, 29]:
+        torch.testing.assert_close(incremental_logits(model, idx, p), full[:, p - 1:], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("attn", ATTN_TYPES)
+def test_llama_options_t_out_gives_the_last_rows(attn):
+    """With every conversion option on, forward(t_out=k) is the last k rows of forward(t_out=T)."""
+    model = make_model(attn, **LLAMA)
+    idx = torch.randint(0, 37, (2, 21))
+    full, _ = model(idx)
+    for k in (1, 2, 8, 20, 21):
+        torch.testing.assert_close(model(idx, t_out=k)[0], full[:, -k:], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("attn", ATTN_TYPES)
+def test_llama_options_causality(attn):
+    """With every conversion option on, changing token j changes no logits before position j."""
+    model = make_model(attn, **LLAMA)
+    idx = torch.randint(0, 37, (1, 26))
+    logits, _ = model(idx)
+    for j in [0, 8, 25]:
+        other = idx.clone()
+        other[0, j] = (other[0, j] + 1) % 37
+        other_logits, _ = model(other)
+        torch.testing.assert_close(other_logits[:, :j], logits[:, :j], rtol=0, atol=0)
+        assert not torch.equal(other_logits[:, j], logits[:, j])
+
+
+def test_grouped_query_attention_is_attention_with_shared_kv_heads():
+    """n_kv_head = 2 of 4 heads equals full multi-head attention whose K, V heads 2g and 2g+1 are copies of head g."""
+    grouped = make_model(**LLAMA)
+    full = make_model(**{**LLAMA, "n_kv_head": None})
+    state = grouped.state_dict()
+    for name, w in state.items():
+        if ".c_k." in name or ".c_v." in name:   # (2 * D, ...) -> (4 * D, ...): each head's rows twice, in order
+            state[name] = w.unflatten(0, (2, -1)).repeat_interleave(2, dim=0).flatten(0, 1)
+    full.load_state_dict(state)
+    idx = torch.randint(0, 37, (2, 19))
+    torch.testing.assert_close(full(idx)[0], grouped(idx)[0], rtol=0, atol=1e-12)
+    _, cache = grouped.prefill(idx)
+    assert cache.layers[0].k.shape == cache.layers[0].v.shape == (2, 2, 19, 4)
+
+
+def test_untied_head_is_a_matrix_of_its_own():
+    """tie_embeddings=False gives the LM head its own weight; the default shares the embedding's."""
+    tied, untied = make_model(), make_model(tie_embeddings=False)
+    assert tied.lm_head.weight is tied.wte.weight
+    assert untied.lm_head.weight is not untied.wte.weight and not torch.equal(untied.lm_head.weight, untied.wte.weight)
+
+
+def test_bad_conversion_options_are_rejected():
+    """A KV-head count that does not divide n_head, an unknown MLP, an unknown RoPE scaling: one error each."""
+    with pytest.raises(ValueError, match="n_kv_head"):
+        OrthrosConfig(n_head=6, n_kv_head=4)
+    with pytest.raises(ValueError, match="mlp"):
+        OrthrosConfig(mlp="relu")
+    with pytest.raises(ValueError, match="rope_scaling"):
+        OrthrosConfig(rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(ValueError, match="rope_scaling"):
+        OrthrosConfig(rope_scaling={"rope_type": "llama3", "factor": 8.0})

@@ -2,8 +2,9 @@
 helpers, and train.py reads them back in random windows (PretrainBatches).
 
 The on-disk format is nanoGPT's: each split is one flat array of token ids stored as raw uint16,
-so training can read it with np.memmap(path, dtype=np.uint16, mode="r") without loading it.
-meta.json records how the bins were made (tokenizer, vocab size, token and document counts).
+so training can read it with np.memmap(path, dtype=np.uint16, mode="r") without loading it; a
+vocabulary of more than 65,536 ids (Llama 3 has 128,256) is stored as uint32. meta.json records
+how the bins were made (tokenizer, vocab size, dtype, token and document counts).
 
     from data.prepare_utils import find_dataset, load_meta
     data_dir = find_dataset("stdlib")   # runs data/stdlib/prepare.py once, if its bins are missing
@@ -36,15 +37,20 @@ def atomic_write(path, write, mode="wb"):
     os.replace(tmp, path)
 
 
+def token_dtype(vocab_size):
+    """The dtype of the bins: uint16 halves the disk and memory of int32 and holds ids up to 65535
+    (GPT-2 needs 50256); a larger vocabulary needs uint32."""
+    return "uint16" if vocab_size <= 2**16 else "uint32"
+
+
 def tokenize(docs, tokenizer, append_eot=True, desc="tokenizing"):
-    """Encode a list of documents into one flat uint16 array, each document followed by eot."""
-    # uint16 halves the disk and memory of int32; it holds ids up to 65535 (GPT-2 needs 50256).
-    assert tokenizer.vocab_size <= 2**16, f"vocab {tokenizer.vocab_size} does not fit in uint16"
+    """Encode a list of documents into one flat array (of token_dtype), each document followed by eot."""
+    dtype = token_dtype(tokenizer.vocab_size)
     chunks = []
     for doc in tqdm(docs, desc=desc, unit="doc", disable=None):  # None: a bar on a terminal only
         ids = tokenizer.encode(doc) + ([tokenizer.eot] if append_eot else [])
-        chunks.append(np.array(ids, dtype=np.uint16))
-    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint16)
+        chunks.append(np.array(ids, dtype=dtype))
+    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)
 
 
 def write_dataset(out_dir, tokenizer, train_docs, val_docs, source, append_eot=True, **extra_meta):
@@ -52,7 +58,7 @@ def write_dataset(out_dir, tokenizer, train_docs, val_docs, source, append_eot=T
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size, "eot": tokenizer.eot,
-            "dtype": "uint16", "source": source}
+            "dtype": token_dtype(tokenizer.vocab_size), "source": source}
     for split, docs in (("train", train_docs), ("val", val_docs)):
         ids = tokenize(docs, tokenizer, append_eot, desc=f"tokenizing {split}")
         # atomic: an interrupted run never leaves a truncated train.bin that a later run would
@@ -110,23 +116,26 @@ def find_dataset(name_or_path, prepare=True):
 
 
 class PretrainBatches:
-    """Random windows of a folder's train.bin / val.bin: x, y (B, T) with y = x shifted by one."""
+    """Random windows of a folder's train.bin / val.bin: x, y (B, T) with y = x shifted by one.
+    The ids are of meta.json's dtype (uint16 where it has none)."""
 
     def __init__(self, data_dir, seq_len, device="cpu"):
         self.paths = {split: Path(data_dir) / f"{split}.bin" for split in ("train", "val")}
         self.seq_len, self.device = seq_len, device
+        has_meta = (Path(data_dir) / "meta.json").is_file()
+        self.dtype = np.dtype(load_meta(data_dir).get("dtype", "uint16") if has_meta else "uint16")
         for split, path in self.paths.items():
             if not path.is_file():
                 hint = ("it holds SFT data (train.jsonl): add --task sft" if (Path(data_dir) / "train.jsonl").exists()
                         else "prepare it first (data/<name>/prepare.py writes train.bin and val.bin)")
                 raise ValueError(f"{data_dir} has no {split}.bin for pre-training; {hint}")
-            if len(np.memmap(path, dtype=np.uint16, mode="r")) <= seq_len + 1:
+            if len(np.memmap(path, dtype=self.dtype, mode="r")) <= seq_len + 1:
                 raise ValueError(f"{path} has fewer than seq_len + 2 = {seq_len + 2} tokens; "
                                  "lower --seq_len or prepare more data")
 
     def get(self, split, batch_size, generator):
         """(x, y, t_out): x, y (batch_size, T); every position is an output position, t_out = T."""
-        data = np.memmap(self.paths[split], dtype=np.uint16, mode="r")  # a fresh memmap per batch, as nanoGPT
+        data = np.memmap(self.paths[split], dtype=self.dtype, mode="r")  # a fresh memmap per batch, as nanoGPT
         T = self.seq_len
         ix = torch.randint(len(data) - T - 1, (batch_size,), generator=generator).tolist()
         x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in ix])

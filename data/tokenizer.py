@@ -1,12 +1,13 @@
-"""Tokenizers: raw UTF-8 bytes, or GPT-2 BPE through tiktoken, offline.
+"""Tokenizers: raw UTF-8 bytes, GPT-2 BPE through tiktoken, or a Hugging Face checkpoint's own; offline.
 
     from data.tokenizer import get_tokenizer
-    tok = get_tokenizer("gpt2")   # or "byte"
+    tok = get_tokenizer("gpt2")   # or "byte", or "hf:DIR" (DIR/tokenizer.json)
     ids = tok.encode("hello world") + [tok.eot]   # [31373, 995, 50256]
     tok.decode(ids)                               # 'hello world<|endoftext|>'
 
 Each tokenizer has .name, .vocab_size, .eot (the end-of-document id), .encode(str) -> list[int]
 and .decode(list[int]) -> str. encode() never emits .eot; callers append it where a document ends.
+"hf:DIR" is the exception that matches its model: see HFTokenizer.
 
 GPT-2 BPE needs its ranks file (r50k_base.tiktoken, 0.8 MB). tiktoken would download it from
 openaipublic, which many machines cannot reach, so we look for it in this order:
@@ -18,6 +19,8 @@ openaipublic, which many machines cannot reach, so we look for it in this order:
 
 import base64
 import hashlib
+import importlib
+import json
 import os
 import subprocess
 import sys
@@ -162,10 +165,73 @@ def _read_ranks(path):
     return ranks
 
 
+class HFTokenizer:
+    """A Hugging Face checkpoint's own tokenizer, DIR/tokenizer.json, read by the tokenizers package.
+
+    encode(text) adds what tokenizer.json's post-processor adds, as transformers' tokenizer does for
+    a prompt: the BOS token first where the post-processor prepends one (Llama's does), else
+    nothing. So a prepared document is [BOS] text EOS, as such models were trained. Special tokens
+    written in the text (e.g. "<|endoftext|>") become those tokens, as in transformers. .eot is
+    the EOS token (tokenizer_config.json's eos_token, else config.json's eos_token_id), .bos the
+    BOS token or None. The name, "hf:" + the absolute folder, is what checkpoints and meta.json record.
+    """
+
+    def __init__(self, folder):
+        folder = Path(folder).expanduser().resolve()
+        self.name = f"hf:{folder}"
+        self.tokenizer = require("tokenizers").Tokenizer.from_file(str(hf_tokenizer_file(folder)))
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        settings = _read_json(folder / "tokenizer_config.json")
+        model_config = _read_json(folder / "config.json")
+        self.bos = self._token_id(settings.get("bos_token"), model_config.get("bos_token_id"))
+        self.eot = self._token_id(settings.get("eos_token"), model_config.get("eos_token_id"))
+        if self.eot is None:
+            raise ValueError(f"{folder}: no EOS token (neither tokenizer_config.json's eos_token nor "
+                             "config.json's eos_token_id names one); add eos_token to tokenizer_config.json")
+
+    def _token_id(self, token, fallback):
+        """The id of a special token given by its text (or transformers' {"content": text}), else
+        config.json's id (the first, where it lists several), else None."""
+        token = token.get("content") if isinstance(token, dict) else token
+        found = self.tokenizer.token_to_id(token) if token else None
+        return found if found is not None else fallback[0] if isinstance(fallback, list) else fallback
+
+    def encode(self, text):
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, ids):
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def hf_tokenizer_file(folder):
+    """folder/tokenizer.json, or a one-line FileNotFoundError."""
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} has no tokenizer.json: an hf: checkpoint is read with its own tokenizer; "
+                                "save it beside the weights (tokenizer.save_pretrained(DIR) in transformers)")
+    return path
+
+
+def require(module):
+    """Import a package that only hf: checkpoints need (safetensors, tokenizers), or say how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        package = module.split(".")[0]
+        raise RuntimeError(f"hf: checkpoints need the {package} package: pip install {package}") from None
+
+
+def _read_json(path):
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 TOKENIZERS = {"byte": ByteTokenizer, "gpt2": GPT2Tokenizer}
 
 
 def get_tokenizer(name):
+    """The tokenizer called name: "byte", "gpt2", or "hf:DIR" (a Hugging Face checkpoint folder's)."""
+    if name.startswith("hf:"):
+        return HFTokenizer(name[3:])
     if name not in TOKENIZERS:
-        raise ValueError(f"unknown tokenizer {name!r}; choose one of {sorted(TOKENIZERS)}")
+        raise ValueError(f"unknown tokenizer {name!r}; choose one of {sorted(TOKENIZERS)} or hf:DIR")
     return TOKENIZERS[name]()

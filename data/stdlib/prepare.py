@@ -2,11 +2,12 @@
 
     python data/stdlib/prepare.py                   # writes data/stdlib/{train.bin, val.bin, meta.json}
     python data/stdlib/prepare.py --max_files 50    # a quick small version
+    python data/stdlib/prepare.py --src_dir DIR --tokenizer hf:CKPT --out_dir data/code   # for a checkpoint's CPT
 
 Every .py file under sysconfig's stdlib folder except tests (they would
 more than double the corpus with code that exercises the library rather than implements it),
 installed third-party packages and generated data (see EXCLUDED_DIRS). Each file is one document,
-followed by the byte tokenizer's end token. Train and val are split by file, not by position,
+followed by the tokenizer's end token. Train and val are split by file, not by position,
 so no val file has been seen, even in part, during training.
 """
 
@@ -41,8 +42,9 @@ def is_val(rel_path, val_fraction):
     return int.from_bytes(h[:8], "big") / 2**64 < val_fraction
 
 
-def prepare(src_dir=None, out_dir=None, max_files=None, val_fraction=0.1):
-    """Tokenize the .py files under src_dir (default: this Python's stdlib) into out_dir."""
+def prepare(src_dir=None, out_dir=None, max_files=None, val_fraction=0.1, tokenizer="byte"):
+    """Tokenize the .py files under src_dir (default: this Python's stdlib) into out_dir, with the
+    tokenizer of that name (data/tokenizer.py: byte, gpt2 or hf:DIR)."""
     src_dir = Path(src_dir or sysconfig.get_paths()["stdlib"])
     out_dir = Path(out_dir or Path(__file__).resolve().parent)
     files = find_files(src_dir)
@@ -64,7 +66,7 @@ def prepare(src_dir=None, out_dir=None, max_files=None, val_fraction=0.1):
         return (src_dir / rel).read_text(encoding="utf-8", errors="replace")
 
     return write_dataset(
-        out_dir, get_tokenizer("byte"),
+        out_dir, get_tokenizer(tokenizer),
         train_docs=[read(rel) for rel in splits["train"]],
         val_docs=[read(rel) for rel in splits["val"]],
         source=f"Python {sys.version.split()[0]} standard library .py files under {src_dir}, "
@@ -80,7 +82,11 @@ if __name__ == "__main__":
     parser.add_argument("--out_dir", help="where to write the bins (default: data/stdlib/)")
     parser.add_argument("--max_files", type=int, help="use only N files, the first by path from each split")
     parser.add_argument("--val_fraction", type=float, default=0.1)
+    parser.add_argument("--tokenizer", default="byte", help="byte (default), gpt2, or hf:DIR (a checkpoint's tokenizer.json)")
     args = parser.parse_args()
     t0 = time.time()
-    meta = prepare(args.src_dir, args.out_dir, args.max_files, args.val_fraction)
+    try:
+        meta = prepare(args.src_dir, args.out_dir, args.max_files, args.val_fraction, args.tokenizer)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:  # a bad --tokenizer or --src_dir: one line
+        sys.exit(f"error: {e}")
     print(f"{meta['train_docs']} train files, {meta['val_docs']} val files, {time.time() - t0:.1f} s")
