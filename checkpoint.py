@@ -69,7 +69,7 @@ def load_start(init_from, out_dir):
     or the file init_from names. Raises ValueError with what to do when there is none."""
     if init_from == "scratch":
         return None
-    path = Path(out_dir) / "ckpt_last.pt" if init_from == "resume" else Path(init_from)
+    path = Path(out_dir) / "ckpt_last.pt" if init_from == "resume" else init_from  # a file, or hf:DIR
     try:
         return load_checkpoint(path)
     except (FileNotFoundError, ValueError) as e:
@@ -105,7 +105,7 @@ def claim_out_dir(out_dir, init_from, overwrite):
     """Before a run writes anything: out_dir holds no other run (unless it resumes it, or overwrite)
     and not the checkpoint it starts from. Raises ValueError saying what to do instead."""
     out_dir = Path(out_dir)
-    if init_from not in ("scratch", "resume") and out_dir.resolve() in Path(init_from).resolve().parents:
+    if init_from not in ("scratch", "resume") and out_dir.resolve() in Path(init_from.removeprefix("hf:")).resolve().parents:
         raise ValueError(f"--init_from {init_from} lies in --out_dir {out_dir}: this run would write over the run "
                          "it starts from. Give it its own --out_dir")
     present = [name for name in RUN_FILES if (out_dir / name).exists()]

@@ -432,7 +432,9 @@ def _check_state_dict(own, state_dict):
                          "Is it from a model of another size?")
     missing = [k for k in own if k not in state_dict]
     bad_missing = [k for k in missing if k.rsplit(".", 1)[-1] not in SCALE_OFFSETS]
-    unexpected = [k for k in state_dict if k not in own]
+    # An Orthros's scale-offsets may be left out only where they are the identity (a converted model's).
+    identity = lambda k, w: k.rsplit(".", 1)[-1] in SCALE_OFFSETS and bool((w == (1.0 if "alpha" in k else 0.0)).all())
+    unexpected = [k for k, w in state_dict.items() if k not in own and not identity(k, w)]
     if bad_missing or unexpected:
         raise ValueError(f"state dict does not fit this model: missing {bad_missing}, "
                          f"unexpected {unexpected}. Is it from a model of another size?")

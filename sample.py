@@ -5,6 +5,7 @@ Generate text from a trained checkpoint: prefill the prompt, then decode with th
     python sample.py --prompt "def fibonacci(n):"
     python sample.py --prompt_file prompt.txt --num_samples 3 --temperature 0.8 --top_k 50
     python sample.py --ckpt out/small-transformer/ckpt_best.pt --prompt "import os" --temperature 0
+    python sample.py --ckpt hf:models/SmolLM2-135M --prompt "The capital of France is" --temperature 0
 
 Without --ckpt it loads the newest checkpoint under --out_dir (default: out/), and encodes the
 prompt with the tokenizer recorded in it. It stops where every sample has produced the end token
@@ -38,7 +39,9 @@ def parse_args(argv):
     parser.add_argument("--top_k", type=int, default=None, help="sample only from the k most likely tokens (k >= 1)")
     parser.add_argument("--no_stop", action="store_true", help="continue past the end token")
     parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument("--ckpt", help="a checkpoint file (default: the newest under --out_dir)")
+    parser.add_argument("--ckpt", help="a checkpoint file (default: the newest under --out_dir), or hf:DIR, a Hugging "
+                                       "Face Llama-architecture folder converted on load (convert/hf.py)")
+    parser.add_argument("--window", type=int, help="the sliding window to run with (default: the checkpoint's; 128 for hf:)")
     parser.add_argument("--out_dir", default="out", help="where to look for the newest checkpoint")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     parser.add_argument("--warmup", action="store_true",
@@ -50,7 +53,7 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.prompt is not None and args.prompt_file is not None:
         parser.error("give one of --prompt TEXT or --prompt_file PATH, not both")
-    for name, low in (("num_samples", 1), ("max_new_tokens", 1), ("temperature", 0), ("top_k", 1)):
+    for name, low in (("num_samples", 1), ("max_new_tokens", 1), ("temperature", 0), ("top_k", 1), ("window", 1)):
         if getattr(args, name) is not None and getattr(args, name) < low:
             parser.error(f"--{name} must be >= {low}, got {getattr(args, name)}")
     if args.prompt_file is None:
@@ -76,14 +79,15 @@ def main(argv=None):
         ckpt = load_checkpoint(path)
         tokenizer = get_tokenizer(ckpt["tokenizer"])
         ids = tokenizer.encode(prompt)
-    except (FileNotFoundError, ValueError) as e:  # ours, one line each; anything else keeps its traceback
+    except (FileNotFoundError, ValueError, ImportError) as e:  # ours, one line each; anything else keeps its traceback
         sys.exit(f"error: {e}")
     trained_len = ckpt["model_config"]["max_seq_len"]
     new_tokens = args.max_new_tokens or max(1, min(200, trained_len - len(ids)))
     if len(ids) + new_tokens > trained_len:
         print(f"note: prompt ({len(ids)} tokens) + {new_tokens} new tokens is longer than the {trained_len} "
               "tokens the model was trained on; RoPE lets it run, quality may drop")
-    model = model_from_checkpoint(ckpt, max_seq_len=max(len(ids) + new_tokens, trained_len)).to(device).eval()
+    window = {} if args.window is None else {"window": args.window}
+    model = model_from_checkpoint(ckpt, max_seq_len=max(len(ids) + new_tokens, trained_len), **window).to(device).eval()
     if device.startswith("cuda") and torch.cuda.is_bf16_supported():
         model = model.to(torch.bfloat16)
     print(f"loaded {path} (step {ckpt['step']}, {ckpt['model_config']['attn']}, {ckpt['tokenizer']} tokenizer) on {device}")

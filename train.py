@@ -289,8 +289,8 @@ class Run:
         self.fsdp = self.ddp and cfg.fsdp
         if not self.ddp and (cfg.fsdp or cfg.activation_checkpointing):
             print("note: --fsdp and --activation_checkpointing act only under torchrun; one process trains as usual")
-        # Our own errors (bad options, missing data, a foreign checkpoint) are ValueError or
-        # FileNotFoundError and say everything in one line; anything else (CUDA, NCCL, ...) keeps its traceback.
+        # Our own errors (bad options, missing data, a foreign checkpoint, a missing optional package) say
+        # everything in one line; anything else (CUDA, NCCL, ...) keeps its traceback.
         try:
             self.device = pick_device(cfg.device)
             if self.ddp and self.device.startswith("cuda"):
@@ -313,7 +313,7 @@ class Run:
                             SFTBatches(self.data_dir, tokenizer, cfg.seq_len, cfg.sft_overlong, cfg.curriculum,
                                        self.device, log=self.print))
             claim_out_dir(cfg.out_dir, cfg.init_from, cfg.overwrite)
-        except (ValueError, FileNotFoundError, UnicodeDecodeError) as e:
+        except (ValueError, FileNotFoundError, UnicodeDecodeError, ImportError) as e:
             fail(str(e).splitlines()[0])
         self.device_type = torch.device(self.device).type
         bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and self.device_type == "cuda" and torch.cuda.is_bf16_supported())

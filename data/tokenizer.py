@@ -218,7 +218,7 @@ def require(module):
         return importlib.import_module(module)
     except ImportError:
         package = module.split(".")[0]
-        raise RuntimeError(f"hf: checkpoints need the {package} package: pip install {package}") from None
+        raise ImportError(f"hf: checkpoints need the {package} package: pip install {package}") from None
 
 
 def _read_json(path):

@@ -378,7 +378,7 @@ def test_window_below_one_is_refused(hf):
 def test_missing_package_names_the_pip_command(hf, monkeypatch, module):
     """Without safetensors or tokenizers, an hf: checkpoint is refused in one line naming the pip command."""
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` fail
-    with pytest.raises(RuntimeError) as e:
+    with pytest.raises(ImportError) as e:
         load_checkpoint(f"hf:{hf['tied_mha'][0]}") if module != "tokenizers" else get_tokenizer(f"hf:{hf['tied_mha'][0]}")
     one_line_error(e, f"pip install {module.split('.')[0]}")
 
