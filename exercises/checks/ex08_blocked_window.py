@@ -1,5 +1,5 @@
-"""Exercise 8, the sliding window in O(T w): the checker, hints and known bugs. The solution is
-orthros.py's own blocked_sliding_window_attention."""
+"""Exercise 8, the sliding window in O(T w): the checker. The solution is orthros.py's own
+blocked_sliding_window_attention."""
 
 import math
 from types import SimpleNamespace
@@ -9,8 +9,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import orthros
-from exercises.framework import (Bug, Case, Mutant, Wrong, difference, patched, randn, student_side,
-                                 tiny_model, tokens)
+from exercises.framework import Bug, Case, Mutant, Wrong, form_difference, patched, randn, tiny_model, tokens, value_difference
 
 TITLE = "The sliding window in O(T w)"
 DIFFICULTY = 4
@@ -18,11 +17,11 @@ MINUTES = 50
 TEACHES = "the blocked window: blocks of w queries over 2w keys, equal to the dense reference forward and backward, with O(T w) memory"
 FUNCTIONS = ("blocked_sliding_window_attention",)
 REFERENCE = SimpleNamespace(blocked_sliding_window_attention=orthros.blocked_sliding_window_attention)
-RETURNS = {"blocked_sliding_window_attention": "output"}
 WINDOWED = "it computes the windowed attention this exercise asks you to write"
 FORBIDDEN = {orthros.reference_attention: WINDOWED, orthros.fast_reference_attention: WINDOWED,
              orthros.flex_sliding_window_attention: WINDOWED, orthros.sliding_window_block_mask: WINDOWED,
              orthros.cached_sliding_window_block_mask: WINDOWED}
+PAPER = "(the paper's window)"
 
 HINTS = [
     "Query t sees keys t-w+1 ... t. Put the queries in blocks of w: block b holds positions b*w ... "
@@ -42,123 +41,94 @@ HINTS = [
 ]
 
 
-# -- Known bugs: orthros.py's function with one classic mistake --------------------------------
-
-def make_bug(own_block_only=False, no_front_mask=False):
-    def blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):
-        B, H, T, D = q.shape
-        w = window
-        n_blocks = math.ceil(T / w)
-        pad = n_blocks * w - T
-        q = F.pad(q, (0, 0, 0, pad)).reshape(B * H, n_blocks, w, D)
-        k = F.pad(k, (0, 0, w, pad)).reshape(B * H, n_blocks + 1, w, D)
-        v = F.pad(v, (0, 0, w, pad)).reshape(B * H, n_blocks + 1, w, D)
-        k, v = torch.cat([k[:, :-1], k[:, 1:]], dim=2), torch.cat([v[:, :-1], v[:, 1:]], dim=2)
-        blk = torch.arange(n_blocks)[:, None, None]
-        q_pos = blk * w + torch.arange(w)[None, :, None]
-        k_pos = (blk - 1) * w + torch.arange(2 * w)[None, None, :]
-        mask = orthros.in_window(q_pos, k_pos, w)
-        if own_block_only:  # the previous block is never seen
-            mask = mask & (k_pos >= blk * w)
-        elif not no_front_mask:  # no_front_mask: the padding block in front is attended
-            mask = mask & (k_pos >= 0)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        return y.reshape(B, H, n_blocks * w, D)[:, :, :T]
-    return SimpleNamespace(blocked_sliding_window_attention=blocked_sliding_window_attention)
-
-
-def dense_in_disguise(q, k, v, window, dropout_p=0.0):
-    mask = orthros.attention_mask(q.size(-2), k.size(-2), window)   # (T, T): right numbers, O(T^2) memory
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-
-
+SHAPES = "    B, H, T, D = q.shape\n"
+MASK = "mask = in_window(q_pos, k_pos, w) & (k_pos >= 0)"
+ATTEND = "    y = sdpa(q, k, v, mask, dropout_p=dropout_p)"
+BLOCKS = "    blk = torch.arange(n_blocks, device=q.device)[:, None, None]\n"
+DEF = "def blocked_sliding_window_attention("
 BUGS = [
-    Bug("the padding block in front not masked", "without k_pos >= 0, the queries of block 0 also attend "
-        "the w zero keys of the padding (score 0, value 0): their softmax is diluted.", make_bug(no_front_mask=True)),
-    Bug("each block attends its own keys only", "a query early in its block needs keys of the previous block "
-        "too: query t sees t-w+1 ... t, which crosses the block boundary unless t is the block's last.",
-        make_bug(own_block_only=True)),
-    Bug("the dense (T, T) mask", "the numbers are right, but the mask alone holds T^2 entries: O(T^2) memory, "
-        "the cost the blocked path exists to avoid.",
-        SimpleNamespace(blocked_sliding_window_attention=dense_in_disguise)),
+    Bug("the padding block in front not masked", "without k_pos >= 0, the queries of block 0 also attend the w zero keys "
+        "of the padding (score 0, value 0): their softmax is diluted.", {MASK: "mask = in_window(q_pos, k_pos, w)"}),
+    Bug("each block attends its own keys only", "a query early in its block needs keys of the previous block too: query "
+        "t sees t-w+1 ... t, which crosses the block boundary unless t is the block's last.",
+        {MASK: "mask = in_window(q_pos, k_pos, w) & (k_pos >= blk * w)"}),
+    Bug("the dense (T, T) mask", "the numbers are right, but the mask alone holds T^2 entries: O(T^2) memory, the cost the "
+        "blocked path exists to avoid.", {"from orthros import in_window": "from orthros import attention_mask, in_window",
+                                          SHAPES: "    mask = attention_mask(q.size(-2), k.size(-2), window)   # (T, T)\n"
+                                                  "    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, "
+                                                  "dropout_p=dropout_p)\n"}),
 ]
-
-
-# -- Further wrong answers the checker must reject ----------------------------------------------
-
-@student_side   # runs as the mutants' code
-def student_window(q, k, v, window, dropout_p=0.0, block=None, mask_window=None, scaled=True, view=False,
-                   on_cpu=False, use_dropout=True, in_float64=False):
-    """A student's blocked window, right unless told otherwise: block (the block size), mask_window (the
-    window of the mask), scaled=False (a hand-written softmax without 1/sqrt(D)), view=True (q.view when
-    T is whole blocks), on_cpu (the positions made on the CPU), use_dropout=False, in_float64."""
-    if in_float64:
-        q, k, v = q.double(), k.double(), v.double()
-    B, H, T, D = q.shape
-    w = block or window
-    n = math.ceil(T / w)
-    pad = n * w - T
-    q = (F.pad(q, (0, 0, 0, pad)) if pad else q).view(B * H, n, w, D) if view else \
-        F.pad(q, (0, 0, 0, pad)).reshape(B * H, n, w, D)
-    k = F.pad(k, (0, 0, w, pad)).reshape(B * H, n + 1, w, D)
-    v = F.pad(v, (0, 0, w, pad)).reshape(B * H, n + 1, w, D)
-    k, v = torch.cat([k[:, :-1], k[:, 1:]], dim=2), torch.cat([v[:, :-1], v[:, 1:]], dim=2)
-    device = "cpu" if on_cpu else q.device
-    blk = torch.arange(n, device=device)[:, None, None]
-    q_pos = blk * w + torch.arange(w, device=device)[None, :, None]
-    k_pos = (blk - 1) * w + torch.arange(2 * w, device=device)[None, None, :]
-    mask = orthros.in_window(q_pos, k_pos, mask_window or window) & (k_pos >= 0)
-    p = dropout_p if use_dropout else 0.0
-    if scaled:
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-    else:
-        scores = (q @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf"))
-        y = F.dropout(torch.softmax(scores, dim=-1), p) @ v
-    return y.reshape(B, H, n * w, D)[:, :, :T]
-
-
-def scaled_in_place(q, k, v, window, dropout_p=0.0):
-    q.mul_(2.0)                                    # changes the caller's q ...
-    return REFERENCE.blocked_sliding_window_attention(q / 2.0, k, v, window, dropout_p)   # ... right numbers
-
-
-def wrong(**how):
-    return SimpleNamespace(blocked_sliding_window_attention=lambda q, k, v, window, dropout_p=0.0:
-                           student_window(q, k, v, window, dropout_p, **how))
-
 
 MUTANTS = [
-    Mutant("the dense reference called", SimpleNamespace(blocked_sliding_window_attention=
-                                                         lambda q, k, v, window, dropout_p=0.0:
-                                                         orthros.reference_attention(q, k, v, window, dropout_p)),
-           expect="your code called orthros.reference_attention"),
-    Mutant("fast_reference_attention captured at import",
+    Mutant("the dense reference called", "your code called orthros.reference_attention",
+           source="import orthros\n\n\ndef blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):\n"
+                  "    return orthros.reference_attention(q, k, v, window, dropout_p)\n"),
+    Mutant("fast_reference_attention captured at import", "holds orthros.fast_reference_attention",
            source="import orthros\n\n_attention = orthros.fast_reference_attention\n\n\n"
                   "def blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):\n"
-                  "    return _attention(q, k, v, window, 'dense', dropout_p)\n",
-           expect="holds orthros.fast_reference_attention"),
-    Mutant("q changed in place", SimpleNamespace(blocked_sliding_window_attention=scaled_in_place),
-           expect="changed its input `q` in place"),
-    Mutant("the paper's window hard-coded (128)", wrong(block=128, mask_window=128),
-           expect="query 1 (your first wrong row) is the attention over keys 0 ... 1; eq. 4 with window=1 gives it keys 1 ... 1"),
-    Mutant("blocks of the paper's 128 keys, whatever the window", wrong(block=128),
-           expect="eq. 4 with window=200 gives it keys"),
-    Mutant("the scores not scaled by 1/sqrt(D)", wrong(scaled=False), expect="scores scaled by 1, not 1/sqrt(D)"),
-    Mutant("dropout_p not passed on", wrong(use_dropout=False), expect="equals the output without dropout"),
-    Mutant("computed in float64 (.double())", wrong(in_float64=True),
-           expect="your output has dtype torch.float64, expected torch.float32"),
-    Mutant("the positions made on the CPU", wrong(on_cpu=True), expect="is not on the expected device meta"),
-    Mutant("q.view when T is whole blocks", wrong(view=True), expect="view size is not compatible"),
+                  "    return _attention(q, k, v, window, 'dense', dropout_p)\n"),
+    Mutant("q changed in place", "changed its input `q` in place", {SHAPES: "    q = q.mul_(2.0) / 2.0   # the same numbers\n" + SHAPES}),
+    Mutant("the paper's window hard-coded (128)", "query 1 (your first wrong row) is the attention over keys 0 ... 1; eq. 4 "
+           "with window=1 gives it keys 1 ... 1", {"    w = window\n": "    w = 128\n"}),
+    Mutant("blocks of the paper's 128 keys, whatever the window", "eq. 4 with window=200 gives it keys",
+           {"    w = window\n": "    w = 128   # blocks of 128\n", "in_window(q_pos, k_pos, w)": "in_window(q_pos, k_pos, window)"}),
+    Mutant("the scores not scaled by 1/sqrt(D)", "scores scaled by 1, not 1/sqrt(D)",
+           {ATTEND: "    scores = (q @ k.transpose(-2, -1)).masked_fill(~mask, float('-inf'))\n"
+                    "    y = F.dropout(torch.softmax(scores, dim=-1), dropout_p) @ v"}),
+    Mutant("the softmax written out, its additive mask in the default dtype (float32)", "in bfloat16",
+           {ATTEND: "    bias = torch.zeros(mask.shape, device=q.device).masked_fill(~mask, float('-inf'))   # 0: seen\n"
+                    "    scores = q @ k.transpose(-2, -1) / math.sqrt(D) + bias\n"
+                    "    y = F.dropout(torch.softmax(scores, dim=-1), dropout_p) @ v"}),
+    Mutant("dropout_p not passed on", "equals the output without dropout", {"mask, dropout_p=dropout_p)": "mask)"}),
+    Mutant("computed in float64 (.double())", "your output has dtype torch.float64, expected torch.float32",
+           {SHAPES: "    q, k, v = q.double(), k.double(), v.double()\n" + SHAPES}),
+    Mutant("the positions made on the CPU", "is not on the expected device meta",
+           {BLOCKS: "    blk = torch.arange(n_blocks)[:, None, None]\n", "torch.arange(w, device=q.device)": "torch.arange(w)",
+            "torch.arange(2 * w, device=q.device)": "torch.arange(2 * w)"}),
+    Mutant("q.view when T is whole blocks", "view size is not compatible",
+           {"q = F.pad(q, (0, 0, 0, pad)).reshape(": "q = (F.pad(q, (0, 0, 0, pad)) if pad else q).view("}),
+    Mutant("the band mask remembered per size, whatever the device", "after the same T and w on the CPU",
+           {DEF: "_BANDS = {}\n\n\ndef band(n_blocks, w, device):\n    if (n_blocks, w) not in _BANDS:   # one band per size\n"
+                 "        blk = torch.arange(n_blocks, device=device)[:, None, None]\n"
+                 "        q_pos = blk * w + torch.arange(w, device=device)[None, :, None]\n"
+                 "        k_pos = (blk - 1) * w + torch.arange(2 * w, device=device)[None, None, :]\n"
+                 "        _BANDS[n_blocks, w] = in_window(q_pos, k_pos, w) & (k_pos >= 0)\n"
+                 "    return _BANDS[n_blocks, w]\n\n\n" + DEF, MASK: "mask = band(n_blocks, w, q.device)"}),
 ]
+
+ALSO_RIGHT = """import math
+
+import torch
+import torch.nn.functional as F
+
+
+def blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):
+    B, H, T, D = q.shape
+    w, n = window, -(-T // window)
+    rows = n * w
+    q = torch.cat([q, q.new_zeros(B, H, rows - T, D)], dim=2).reshape(B * H, n, w, D)
+    pad = lambda x: torch.cat([x.new_zeros(B, H, w, D), x, x.new_zeros(B, H, rows - T, D)], dim=2)
+    k, v = (pad(x).reshape(B * H, n + 1, w, D) for x in (k, v))
+    k, v = (torch.cat([x[:, :n], x[:, 1:]], dim=2) for x in (k, v))
+    i = torch.arange(w, device=q.device)[:, None]
+    j = torch.arange(2 * w, device=q.device)[None, :]
+    first = torch.arange(n, device=q.device)[:, None, None] * w
+    seen = (j <= i + w) & (j > i) & (first - w + j >= 0)           # key j of 2w: position b*w - w + j
+    bias = torch.zeros(seen.shape, dtype=q.dtype, device=q.device).masked_fill(~seen, float('-inf'))
+    weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + bias, dim=-1)
+    y = F.dropout(weights, dropout_p) @ v
+    return y.reshape(B, H, rows, D)[:, :, :T]
+"""
 
 
 # -- Cases --------------------------------------------------------------------------------------
 
 SIZES = [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (3, 8), (8, 4), (9, 4), (21, 8), (32, 8), (64, 64), (100, 7)]
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 EQ4 = "equal to orthros.reference_attention: query t attends exactly keys t-w+1 ... t (eq. 4)"
 # (T, w, (B, H, D), what else), after SIZES: another shape, float32, inputs that are views (as the model's
-# q, k, v are), the paper's window, a window above it
-MORE = [(6, 4, (1, 1, 6), {}), (9, 4, (2, 3, 4), dict(dtype=torch.float32)),
+# q, k, v are), bfloat16, the paper's window, a window above it
+MORE = [(6, 4, (1, 1, 6), {}), (9, 4, (2, 3, 4), dict(dtype=torch.float32)), (9, 4, (2, 3, 4), dict(dtype=torch.bfloat16)),
         (12, 4, (3, 2, 8), dict(views=True)), (300, 128, (1, 2, 8), {}), (300, 200, (1, 1, 4), {})]
 
 
@@ -176,12 +146,11 @@ def cases(**options):
         dtype, views = more.get("dtype"), more.get("views", False)
         found.append(Case(
             f"blocked_sliding_window_attention(q, k, v, window={w}), q, k, v of shape ({B}, {H}, {T}, {D})" +
-            (", float32" if dtype else "") + (", transposed views of (B, T, H, D) tensors (not contiguous), as the "
-                                              "model passes them" if views else "") +
-            (" (the paper's window)" if w == 128 else ""),
+            (f", {str(dtype)[6:]}" if dtype else "") + (", transposed views of (B, T, H, D) tensors (not contiguous), as "
+                                                       "the model passes them" if views else "") + (f" {PAPER}" if w == 128 else ""),
             inputs=lambda T=T, w=w, B=B, H=H, D=D, views=views: dict(**qkv(B, H, T, D, T * 100 + w, views), window=w),
-            call=explained, dtype=dtype,
-            invariant=EQ4 + ", forward", atol=1e-5 if dtype else 1e-12,
+            call=explained, dtype=dtype, atol=TOLERANCE.get(dtype, 1e-12), rtol=TOLERANCE.get(dtype, 0.0) if dtype else 0.0,
+            invariant=EQ4 + ", forward" + (f", in {str(dtype)[6:]} (to {TOLERANCE[dtype]:g})" if dtype else ""),
             expected=lambda q, k, v, window: orthros.reference_attention(q, k, v, window)))
     found.append(Case(
         "blocked_sliding_window_attention(q, k, v, window=4, dropout_p=0.5) right after torch.manual_seed(0), "
@@ -217,14 +186,14 @@ def cases(**options):
         call=lambda answer, q, k, v, window: largest_tensor(answer.blocked_sliding_window_attention, q, k, v, window),
         invariant="O(T w) memory: no intermediate tensor holds more than 8 T w elements (the dense mask: T^2 = 32 T w)",
         holds=lambda n: None if n <= 8 * T * w else f"your largest tensor holds {n:,} elements = "
-        f"{n / (T * w):.0f} T w; the limit is 8 T w = {8 * T * w:,}", output="the size of your largest tensor",
-        trace=False))   # a property: no reference run needed (the forms were checked at every size above)
+        f"{n / (T * w):.0f} T w; the limit is 8 T w = {8 * T * w:,}", output="the size of your largest tensor"))
     found.append(Case(
         "blocked_sliding_window_attention(q, k, v, window=128) on the meta device, q, k, v of shape (2, 6, 300, 128): "
-        "the paper's heads and head size",
+        "the paper's heads and head size, after the same T and w on the CPU above (nothing made for that call fits here)",
         inputs=lambda: dict(**{name: torch.empty(2, 6, 300, 128) for name in "qkv"}, window=128),
         call=lambda answer, q, k, v, window: answer.blocked_sliding_window_attention(q, k, v, window),
-        invariant="the output is made where q is (here: meta, where only shapes exist), its shape (B, H, T, D)",
+        invariant="the output and everything it needs are made where q is (here: meta, where only shapes exist), its "
+                  "shape (B, H, T, D)",
         device="meta"))
     return found
 
@@ -232,14 +201,18 @@ def cases(**options):
 def explained(answer, q, k, v, window):
     """The answer's output; when it is not eq. 4's, which keys its first wrong query row attends."""
     out = answer.blocked_sliding_window_attention(q, k, v, window)
-    if out.device.type == "meta":
-        return out
-    atol = 1e-5 if q.dtype == torch.float32 else 1e-12
     right = orthros.reference_attention(q, k, v, window)
-    problem = difference(out, right, atol)
+    atol = TOLERANCE.get(q.dtype, 1e-12)
+    if form_difference(out, right) or out.device.type == "meta":
+        return out   # the framework reports its form
+    problem = differs(out, right, atol)
     if problem is None:
         return out
     raise Wrong(f"{problem}\n  what yours computes: {first_wrong_row(out, q, k, v, window, atol)}")
+
+
+def differs(out, right, atol=1e-12):
+    return form_difference(out, right) or value_difference(out, right, atol, atol if out.dtype == torch.bfloat16 else 0.0)
 
 
 def with_dropout(answer, q, k, v, window, dropout_p):
@@ -247,17 +220,17 @@ def with_dropout(answer, q, k, v, window, dropout_p):
     seed, whether dropout is applied at all, and whether the answer is right without it."""
     torch.manual_seed(0)
     out = answer.blocked_sliding_window_attention(q, k, v, window, dropout_p)
-    if out.device.type == "meta":
-        return out
+    if form_difference(out, q):
+        return out   # the framework reports its form
     dense = orthros.reference_attention(q, k, v, window)
-    if difference(out, dense, 1e-12) is None:
+    if differs(out, dense) is None:
         raise Wrong(f"your output with dropout_p={dropout_p} equals the output without dropout: pass dropout_p on "
                     "to scaled_dot_product_attention")
     torch.manual_seed(0)
-    if difference(out, orthros.blocked_sliding_window_attention(q, k, v, window, dropout_p), 1e-12) is None:
+    if differs(out, orthros.blocked_sliding_window_attention(q, k, v, window, dropout_p)) is None:
         return out
     try:
-        right_without = difference(answer.blocked_sliding_window_attention(q, k, v, window, 0.0), dense, 1e-12) is None
+        right_without = differs(answer.blocked_sliding_window_attention(q, k, v, window, 0.0), dense) is None
     except Exception:
         right_without = False
     if right_without:
@@ -278,7 +251,7 @@ def first_wrong_row(out, q, k, v, window, atol):
     first, row = max(0, t - window + 1), o[:, :, t]
     runs = [(a, e) for e in range(T) for a in range(e + 1)]
     starts, ends = torch.tensor([a for a, _ in runs]), torch.tensor([e for _, e in runs]) + 1
-    tol = 1e-3 if out.dtype == torch.float32 else 1e-6
+    tol = {torch.float32: 1e-3, torch.bfloat16: 5e-2}.get(out.dtype, 1e-6)
     pads = range(window + 1) if T <= 64 else [0]
     for scale, scale_name in ((1 / math.sqrt(D), None), (1.0, "1"), (1 / D, "1/D")):
         scores = (q[:, :, t, None, :] * k).sum(-1) * scale                   # (B, H, T)

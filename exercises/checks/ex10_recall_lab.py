@@ -1,4 +1,4 @@
-"""Exercise 10, the recall lab: the checker, hints and known bugs."""
+"""Exercise 10, the recall lab: the checker."""
 
 import dataclasses
 import json
@@ -6,12 +6,11 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from data.recall.prepare import PRESETS
-from exercises.framework import REPO, Bug, Case, Mutant, NotReady, Wrong, short, student_side
-from orthros import OrthrosConfig
-from checkpoint import load_checkpoint
-from checkpoint import save_checkpoint
+from checkpoint import load_checkpoint, save_checkpoint
+from data.prepare_utils import find_dataset
+from exercises.framework import REPO, Bug, Case, Mutant, NotReady, Wrong, short
 from exercises.solutions import ex10_recall_lab as solution
+from orthros import OrthrosConfig
 
 TITLE = "The recall lab"
 DIFFICULTY = 4
@@ -19,7 +18,7 @@ MINUTES = 30
 TEACHES = "train SWA and Orthros on CPU: SWA is at chance beyond n_layer*w, Orthros answers far queries; read runs live"
 FUNCTIONS = ("recall_summary",)
 REFERENCE = SimpleNamespace(recall_summary=solution.recall_summary)
-RETURNS = {"recall_summary": "summary"}
+PAPER = "w=128, 12 layers"
 
 COMMANDS = ("python train.py --config recall_tiny --attn swa --out_dir out/lab-recall-swa\n"
             "    python train.py --config recall_tiny --attn orthros --out_dir out/lab-recall-orthros")
@@ -30,7 +29,7 @@ HINTS = [
     "which the run's command line set through --config) and exact_match.json ({bucket: {'n', 'accuracy'}}). "
     "A bucket 'lo-hi' holds the distances lo <= d < hi. One SWA layer reaches w-1 positions back, L layers "
     "about L*w: beyond that, SWA can only guess.",
-    "1. the model config: the checkpoint ckpt_last.pt in run_dir, read with sample.load_checkpoint; its "
+    "1. the model config: the checkpoint ckpt_last.pt in run_dir, read with checkpoint.load_checkpoint; its "
     "'model_config' is a dict with 'attn', 'window', 'n_layer'\n"
     "2. the scores: exact_match.json in run_dir, a dict {'lo-hi': {'n': examples, 'accuracy': fraction}}\n"
     "3. for a set of buckets: hits = the sum of accuracy * n, examples = the sum of n; the pooled accuracy "
@@ -43,86 +42,55 @@ HINTS = [
 ]
 
 
-# -- Known bugs: the solution with one classic mistake -----------------------------------------
-
-def make_bug(beyond_window=False, mean=False, starts_inside=False):
-    def recall_summary(run_dir):
-        config = load_checkpoint(Path(run_dir) / "ckpt_last.pt")["model_config"]
-        scores = json.loads((Path(run_dir) / "exact_match.json").read_text())
-        w = config["window"]
-        reach = w if beyond_window else config["n_layer"] * w
-
-        def pooled(keep):
-            chosen = [r for name, r in scores.items() if keep(*map(int, name.split("-")))]
-            if mean:
-                return sum(r["accuracy"] for r in chosen) / len(chosen)
-            return sum(r["accuracy"] * r["n"] for r in chosen) / sum(r["n"] for r in chosen)
-
-        inside = (lambda lo, hi: lo < w) if starts_inside else (lambda lo, hi: hi <= w)
-        return {"attn": config["attn"], "window": w, "n_layer": config["n_layer"],
-                "inside": pooled(inside), "beyond": pooled(lambda lo, hi: lo >= reach)}
-    return SimpleNamespace(recall_summary=recall_summary)
-
-
+REACH = ', config["n_layer"] * config["window"]'
+POOLED = 'sum(r["accuracy"] * r["n"] for r in chosen)'
 BUGS = [
-    Bug("beyond the window w, not beyond n_layer * window", "a sliding-window model chains its layers: with L "
-        "layers it still reaches about L*w back, so buckets between w and L*w are not out of its reach.",
-        make_bug(beyond_window=True)),
-    Bug("the mean of the buckets' accuracies, not pooled over examples", "buckets hold different numbers of "
-        "examples: pool the hits (accuracy * n) and divide by the total n.", make_bug(mean=True)),
-    Bug("buckets that merely start inside the window counted as inside", "a bucket 'lo-hi' is inside the "
-        "window only if all its distances are, hi <= w.", make_bug(starts_inside=True)),
+    Bug("beyond the window w, not beyond n_layer * window", "a sliding-window model chains its layers: with L layers it "
+        "still reaches about L*w back, so buckets between w and L*w are not out of its reach.", {REACH: ', config["window"]'}),
+    Bug("the mean of the buckets' accuracies, not pooled over examples", "buckets hold different numbers of examples: "
+        "pool the hits (accuracy * n) and divide by the total n.",
+        {f'{POOLED} / sum(r["n"] for r in chosen)': 'sum(r["accuracy"] for r in chosen) / len(chosen)'}),
+    Bug("buckets that merely start inside the window counted as inside", "a bucket 'lo-hi' is inside the window only if "
+        "all its distances are, hi <= w.", {"lambda lo, hi: hi <= w": "lambda lo, hi: lo < w"}),
 ]
-
-
-# -- Further wrong answers the checker must reject ----------------------------------------------
-
-@student_side   # runs as the mutants' code
-def student_summary(run_dir, hits=lambda accuracy, n: accuracy * n, inside=lambda lo, hi, w: hi <= w,
-                    reach=lambda config: config["n_layer"] * config["window"], attn=None):
-    """A student's recall_summary, right unless told otherwise: how hits are counted, which buckets are inside,
-    how far SWA reaches, where attn comes from."""
-    config = load_checkpoint(Path(run_dir) / "ckpt_last.pt")["model_config"]
-    scores = json.loads((Path(run_dir) / "exact_match.json").read_text())
-    w, far = config["window"], reach(config)
-
-    def pooled(keep):
-        chosen = [r for name, r in scores.items() if keep(*map(int, name.split("-")))]
-        return sum(hits(r["accuracy"], r["n"]) for r in chosen) / sum(r["n"] for r in chosen)
-
-    return {"attn": attn(run_dir) if attn else config["attn"], "window": w, "n_layer": config["n_layer"],
-            "inside": pooled(lambda lo, hi: inside(lo, hi, w)), "beyond": pooled(lambda lo, hi: lo >= far)}
-
-
-def wrong(**how):
-    return SimpleNamespace(recall_summary=lambda run_dir: student_summary(run_dir, **how))
-
 
 MUTANTS = [
-    Mutant("hits truncated by int()", wrong(hits=lambda accuracy, n: int(accuracy * n)),
-           expect="each bucket's hits truncated by int()"),
-    Mutant("recall_tiny's window hard-coded (32) for inside", wrong(inside=lambda lo, hi, w: hi <= 32),
-           expect="of the buckets 1-3, 3-4, 4-6, 6-8, 8-16"),
-    Mutant("n_layer read from n_head", wrong(reach=lambda config: config["n_head"] * config["window"]),
-           expect="of the buckets 16-33"),
-    Mutant("beyond: lo > n_layer * window", wrong(reach=lambda config: config["n_layer"] * config["window"] + 1),
-           expect="of the buckets 16-33"),
-    Mutant("inside: hi < window", wrong(inside=lambda lo, hi, w: hi < w), expect="of the buckets 1-3; the reference pools the buckets with hi <= window = 4"),
-    Mutant("exercise 6's reach, n_layer * (window - 1)",
-           wrong(reach=lambda config: config["n_layer"] * (config["window"] - 1)),
-           expect="of the buckets 6-8, 8-16, 16-33"),
-    Mutant("attn guessed from the folder's name",
-           wrong(attn=lambda run_dir: "swa" if "swa" in str(run_dir) else "orthros"),
-           expect="at ['attn']: yours 'orthros', the reference 'swa'"),
-    Mutant("the stored solution imported",
-           source="def recall_summary(run_dir):\n"
-                  "    from exercises.solutions.ex10_recall_lab import recall_summary\n"
-                  "    return recall_summary(run_dir)\n",
-           expect="is not available to your code"),
-    Mutant("the known bugs' code reused",
-           source="from exercises.checks.ex10_recall_lab import make_bug\n\nrecall_summary = make_bug().recall_summary\n",
-           expect="does not import: ImportError"),
+    Mutant("hits truncated by int()", "each bucket's hits truncated by int()", {POOLED: 'sum(int(r["accuracy"] * r["n"]) for r in chosen)'}),
+    Mutant("recall_tiny's window hard-coded (32) for inside", "of the buckets 1-3, 3-4, 4-6, 6-8, 8-16", {"hi <= w)": "hi <= 32)"}),
+    Mutant("n_layer read from n_head", "of the buckets 16-33", {REACH: ', config["n_head"] * config["window"]'}),
+    Mutant("beyond: lo > n_layer * window", "of the buckets 16-33", {"lo >= reach": "lo > reach"}),
+    Mutant("inside: hi < window", "of the buckets 1-3; the reference pools the buckets with hi <= window = 4", {"hi <= w)": "hi < w)"}),
+    Mutant("exercise 6's reach, n_layer * (window - 1)", "of the buckets 6-8, 8-16, 16-33",
+           {REACH: ', config["n_layer"] * (config["window"] - 1)'}),
+    Mutant("attn guessed from the folder's name", "at ['attn']: yours 'orthros', the reference 'swa'",
+           {'"attn": config["attn"]': '"attn": "swa" if "swa" in str(run_dir) else "orthros"'}),
+    Mutant("the stored solution imported", "is not available to your code",
+           source="def recall_summary(run_dir):\n    from exercises.solutions.ex10_recall_lab import recall_summary\n"
+                  "    return recall_summary(run_dir)\n"),
+    Mutant("the known bugs' code reused", "does not import: ImportError",
+           source="from exercises.checks.ex10_recall_lab import BUGS\n\nrecall_summary = BUGS[0]\n"),
 ]
+
+ALSO_RIGHT = """import json
+from pathlib import Path
+
+from checkpoint import load_checkpoint
+
+
+def recall_summary(run_dir):
+    config = load_checkpoint(Path(run_dir) / 'ckpt_last.pt')['model_config']
+    with open(Path(run_dir) / 'exact_match.json') as f:
+        buckets = json.load(f)
+    w, L = config['window'], config['n_layer']
+    inside, beyond = [0, 0], [0, 0]
+    for name, r in buckets.items():
+        lo, hi = (int(x) for x in name.split('-'))
+        for pool, keep in ((inside, hi <= w), (beyond, lo >= L * w)):
+            if keep:
+                pool[0] += round(r['accuracy'] * r['n'])
+                pool[1] += r['n']
+    return dict(attn=config['attn'], window=w, n_layer=L, inside=inside[0] / inside[1], beyond=beyond[0] / beyond[1])
+"""
 
 
 # -- Cases --------------------------------------------------------------------------------------
@@ -168,26 +136,20 @@ def make_up_runs(folder):
 
 def cases(runs=None, **options):
     folder = tempfile.TemporaryDirectory(prefix="orthros-lab-")  # removed when the last case is gone
-    found = [Case(f"recall_summary(run_dir) for {name}: {MADE_UP[name][1]}",
-                  inputs=lambda run=run, folder=folder: dict(run_dir=str(run)),
-                  call=explained,
-                  invariant="inside: the examples of the buckets with hi <= window; beyond: those of the buckets "
-                            "with lo >= n_layer * window; each pooled over examples (the stored solution, run on "
-                            "the same files)",
-                  atol=1e-12)
+    found = [Case(f"recall_summary(run_dir) for {name}: {MADE_UP[name][1]}", output="your summary",
+                  inputs=lambda run=run, folder=folder: dict(run_dir=str(run)), call=explained, atol=1e-12,
+                  invariant="inside: the examples of the buckets with hi <= window; beyond: those of the buckets with lo >= "
+                            "n_layer * window; each pooled over examples (the stored solution, run on the same files)")
              for name, run in make_up_runs(folder.name).items()]
-    chance = 1 / PRESETS["tiny"]["n_values"]
-    for attn, claim in (("swa", lambda s: swa_claim(s, chance)), ("orthros", orthros_claim)):
-        found.append(Case(f"recall_summary({run_dir(runs, attn)!r}), your trained {attn} run",
-                          inputs=lambda attn=attn: dict(run_dir=str(trained_run(runs, attn))),
-                          call=explained,
-                          invariant="the stored solution's summary of the same run", atol=1e-12))
-        found.append(Case(f"what the {attn} run shows (your recall_summary of {run_dir(runs, attn)})",
+    for attn, claim in (("swa", swa_claim), ("orthros", orthros_claim)):
+        found.append(Case(f"recall_summary({run_dir(runs, attn)!r}), your trained {attn} run", output="your summary",
+                          inputs=lambda attn=attn: dict(run_dir=str(trained_run(runs, attn))), call=explained, atol=1e-12,
+                          invariant="the stored solution's summary of the same run"))
+        found.append(Case(f"what the {attn} run shows (your recall_summary of {run_dir(runs, attn)})", holds=claim,
                           inputs=lambda attn=attn: dict(run_dir=str(trained_run(runs, attn))),
                           call=lambda answer, run_dir: (answer.recall_summary(run_dir), Path(run_dir)),
-                          invariant="SWA is near chance (1/26) beyond n_layer * window (at most 0.3); Orthros "
-                                    "answers there (at least 0.6), as tests/test_train.py asserts",
-                          holds=claim, output="your summary and the run"))
+                          invariant=f"SWA is near chance beyond n_layer * window (at most chance + {SWA_ABOVE_CHANCE}); "
+                                    f"Orthros answers there (at least {ORTHROS_BEYOND})", output="your summary and the run"))
     return found
 
 
@@ -254,13 +216,27 @@ def trained_run(runs, attn):
     return path
 
 
-def swa_claim(summary_and_path, chance):
+SWA_ABOVE_CHANCE, ORTHROS_BEYOND = 0.25, 0.6
+
+
+def chance(path):
+    """1 / the number of values of the run's recall task, from its dataset's meta.json (None if it is gone)."""
+    try:
+        meta = find_dataset(str(load_checkpoint(path / "ckpt_last.pt")["dataset"]), prepare=False) / "meta.json"
+        return 1 / json.loads(meta.read_text())["params"]["n_values"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def swa_claim(summary_and_path):
     summary, path = summary_and_path
     if summary["attn"] != "swa":
         return f"{path} holds an {summary['attn']!r} run, not 'swa'"
-    if summary["beyond"] > 0.3:
-        return (f"SWA answers {summary['beyond']:.2f} beyond n_layer * window (chance is {chance:.2f}): it should "
-                "not reach that far. Is this run's window the recall_tiny one?")
+    guess = chance(path)
+    if summary["beyond"] > (guess or 0.05) + SWA_ABOVE_CHANCE:
+        return (f"SWA answers {summary['beyond']:.2f} beyond n_layer * window (chance is "
+                f"{'unknown: its dataset is gone' if guess is None else f'{guess:.2f}'}): it should not reach that far. "
+                "Is this the run of a sliding-window model, trained on the recall task?")
     return None
 
 
@@ -268,33 +244,31 @@ def orthros_claim(summary_and_path):
     summary, path = summary_and_path
     if summary["attn"] != "orthros":
         return f"{path} holds an {summary['attn']!r} run, not 'orthros'"
-    if summary["beyond"] < 0.6:
+    if summary["beyond"] < ORTHROS_BEYOND:
         return f"Orthros answers only {summary['beyond']:.2f} beyond n_layer * window. {schedule(path, summary['attn'])}"
     return None
 
 
 def schedule(path, attn):
     ckpt = load_checkpoint(path / "ckpt_last.pt")
-    step, max_iters = ckpt["step"], ckpt["train_config"]["max_iters"]
-    if max_iters < 2400 or step < max_iters:
-        return (f"Its checkpoint is at step {step} of max_iters {max_iters}: train with the recall_tiny config's "
-                "full 2400-step schedule (shorter ones did not learn recall in our tries).")
-    return (f"It trained the full schedule ({step} steps): read its log ({path / 'log.jsonl'}) for the loss, and "
-            f"train it again (python train.py --config recall_tiny --attn {attn} --out_dir {path} --overwrite true, "
-            "with another --seed if the loss stalled).")
+    step, max_iters, config = ckpt["step"], ckpt["train_config"]["max_iters"], ckpt.get("config_name") or "recall_tiny"
+    if step < max_iters:
+        return f"Its checkpoint is at step {step} of max_iters {max_iters}: let it train to the end."
+    return (f"It trained its whole schedule ({step} steps): read its log ({path / 'log.jsonl'}) for the loss, and train it "
+            f"again (python train.py --config {config} --attn {attn} --out_dir {path} --overwrite true, with another "
+            "--seed if the loss stalled; a shorter schedule than recall_tiny's 2400 steps did not learn recall in our tries).")
 
 
 def after_pass(answer, runs=None, **options):
-    chance = 1 / PRESETS["tiny"]["n_values"]
-    lines = [f"Exact match by distance (your runs; chance is 1/{PRESETS['tiny']['n_values']} = {chance:.2f}):"]
+    lines = []
     for attn in ("swa", "orthros"):
         path = trained_run(runs, attn)
-        summary = answer.recall_summary(path)
+        summary, guess = answer.recall_summary(path), chance(path)
         scores = json.loads((path / "exact_match.json").read_text())
         lines.append(f"  {attn:>8}: " + "  ".join(f"{b} {r['accuracy']:.2f}" for b, r in scores.items()))
         lines.append(f"  {'':>8}  inside the window (w={summary['window']}): {summary['inside']:.2f};  beyond "
                      f"n_layer * w = {summary['n_layer'] * summary['window']}: {summary['beyond']:.2f}")
         if summary["inside"] < 0.6:
-            lines.append(f"  {'':>8}  NOTE: this run answers only {summary['inside']:.2f} inside its window, where "
-                         f"the model can reach the key: it learned the task poorly. {schedule(path, attn)}")
-    return "\n".join(lines)
+            lines.append(f"  {'':>8}  NOTE: this run answers only {summary['inside']:.2f} inside its window, where the "
+                         f"model can reach the key: it learned the task poorly. {schedule(path, attn)}")
+    return f"Exact match by distance (your runs; chance is {'unknown' if guess is None else f'{guess:.2f}'}):\n" + "\n".join(lines)
