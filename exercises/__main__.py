@@ -19,6 +19,7 @@ import re
 import shutil
 import sys
 import textwrap
+from unittest import mock
 
 from exercises import framework
 from exercises.framework import EXERCISES, MINE, STUBS, Result, load_spec, relpath
@@ -207,7 +208,7 @@ def show(args):
               file=sys.stderr)
         return 1
     print(f"With YOUR in_window and attention_mask ({relpath(path)}):\n")
-    with framework.patched(framework.orthros, in_window=mine.functions["in_window"],
+    with mock.patch.multiple(framework.orthros, in_window=mine.functions["in_window"],
                            attention_mask=mine.functions["attention_mask"]):
         try:
             return show_mask(args.T, args.w, args.t_out, png)

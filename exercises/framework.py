@@ -1,36 +1,24 @@
-"""The checker every exercise shares: the cases run live against the real code, the reference first; the
-smallest failing case is reported with what is wrong and the invariant it breaks; known mistakes are
-named; the inputs must come back unchanged; the reference and the work the exercise asks for are refused.
+"""The checker every exercise shares: the cases run live against the real code, the reference first; the smallest
+failing case is reported with what is wrong and the invariant it breaks; known mistakes are named; the inputs must
+come back unchanged; the reference and the work the exercise asks for are refused while the answer's code runs.
+An exercise is three files exNN_<name>.py: its stub (exercises/stubs/), stored solution (exercises/solutions/) and
+checker (exercises/checks/, the parts it declares: exercises/README.md, "For teachers").
 
-An exercise is three files named exNN_<name>.py (NN is its number): the stub in exercises/stubs/ (what
-`python -m exercises start NN` copies to exercises/mine/), the stored solution in exercises/solutions/ (for
-a "build" exercise), and its checker in exercises/checks/, which declares everything about it:
-  TITLE, DIFFICULTY (1-5), MINUTES, TEACHES   the syllabus
-  FUNCTIONS    the names the student writes
-  REFERENCE    a namespace of the right functions: orthros.py's (or perf/bench.py's) own ("replace"), or
-               the stored solution's ("build")
-  FORBIDDEN    optional {function: why}: what the answer may not call. These and the reference raise while
-               the answer's code runs, however they are reached (called, captured at import, or through
-               another function); importing from exercises/ is refused before the answer runs.
-  HINTS        the idea, then the shapes or pseudocode, then the paper's line
-  cases(**options)   the cases (Case), smallest first: the first that fails is the one reported
-  BUGS         known mistakes (Bug): each must fail; an answer that fails a case with the same report as a
-               bug does there is told the bug's name and why
-  MUTANTS      further wrong answers (Mutant), at least five, one a shortcut: each must fail, its report
-               containing `expect`
-  PAPER        words in the `what` of a case at the paper's sizes;  ALSO_RIGHT  a whole right answer
-               written otherwise than the reference (it must pass)
-  after_pass(answer, **options)   optional: what to print once every case passes
-A case's output is compared with the reference's (the same call on its own copy of the inputs), or with
-expected(**inputs); or holds(output) judges it (a property: no reference run; None or what is wrong).
-Compared means the form first (the type; a tensor's shape, dtype and device; a container's length or keys),
-then the values, exactly or to atol/rtol (torch.isclose); on the device "meta" the form only. Code of a
-call that uses what the answer returned goes in `with using("your model(idx)")`, so that what it raises is
-the answer's failure; `raise Wrong("...")` fails the case in words. Anything else the checker's own code
-raises is the checker's error (ERROR), never the student's.
+A case's output is compared with the reference's (the same call on its own copy of the inputs), or expected(**inputs),
+or judged by holds(output) -> None or what is wrong (a property: no reference run): the form first (the type; a
+tensor's shape, dtype and device; a container's length or keys), then the values, exactly or to atol/rtol
+(torch.isclose); on the device "meta" the form only. The reference and FORBIDDEN raise while the answer's code runs,
+however reached (called, captured at import, through another function); a file that imports from exercises/ is
+refused before it runs. Checker code that uses what the answer returned goes in `with using("your model(idx)")`, so
+that what it raises is the answer's failure; checker code run inside the answer's call (a hook) in checker_hook;
+`raise Wrong("...")` fails the case in words; anything else the checker raises is its own error, never the student's.
+A Bug or Mutant is the solved file's text with edits {old: new} (each old found once), or a whole source=, loaded as a
+student's file is; each must fail, a mutant's report containing `expect`. An answer that fails a case with the same
+report as a bug there is told the bug's name and why (its `expect`).
 """
 
 import ast
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -70,29 +58,25 @@ class Case:
     call: Callable               # (answer, **inputs) -> the output
     invariant: str               # what the right output satisfies, in words
     expected: Callable = None    # (**inputs) -> the right output, instead of the reference's call
-    holds: Callable = None       # output -> None or what is wrong: a property, with no reference run
+    holds: Callable = None       # output -> None or what is wrong
     atol: float = 0.0
     rtol: float = 0.0
-    device: str = None           # inputs() runs under `with torch.device(device)`, the inputs move there;
-    dtype: torch.dtype = None    #   a device this machine lacks skips the case; dtype converts floating inputs
+    device: str = None           # inputs() runs under `with torch.device(device)`; "cuda" is skipped without one
+    dtype: torch.dtype = None    # the floating tensors and modules of the inputs are converted to it
     output: str = "your output"  # the output in words, for the report
     mutable: tuple = ()          # the inputs the answer may change (a cache it appends to)
 
 
 @dataclass
-class Bug:
-    name: str                    # the classic mistake, in a few words
-    why: str                     # what it breaks, in words: a report that names the bug prints it
-    edits: dict = None           # {old: new}: the solution's text (solved_source) with each old (found once) replaced
-    source: str = None           # or a whole student file
-
-
-@dataclass
 class Mutant:
     name: str
-    expect: str                  # words its FAIL report must contain
+    expect: str                  # words its report must contain (a Bug: why it is wrong, printed when it is named)
     edits: dict = None
     source: str = None
+
+
+class Bug(Mutant):
+    """A known mistake, named in the report of an answer that fails as it does."""
 
 
 @dataclass
@@ -101,6 +85,22 @@ class Result:
     message: str = ""
     seconds: float = 0.0
     named: list = field(default_factory=list)   # the known bugs the answer fails like
+
+
+@dataclass
+class Answer:
+    functions: dict
+    path: str = None
+    problem: str = None          # why it cannot run: it does not import, or holds a refused function
+    started: bool = True
+    trusted: bool = False        # the reference: unguarded, and what it raises is the checker's error
+
+
+@dataclass
+class Outcome:
+    output: object = None
+    problem: str = None          # None: right
+    kind: str = "value"          # "value", "raised", "wrong" (a case's own words), "changed", "not started"
 
 
 class Wrong(Exception):
@@ -119,49 +119,24 @@ class CheckerError(Exception):
     """The checker's own code failed: args[0] is what it raised."""
 
 
-class NotStarted(Exception):
-    pass
-
-
-@dataclass
-class Answer:
-    functions: dict
-    path: str = None
-    problem: str = None          # why it cannot run at all: it does not import, or it holds a refused function
-    started: bool = True
-    trusted: bool = False        # the reference: not guarded, and what it raises is the checker's error
-
-
-@dataclass
-class Outcome:
-    output: object = None
-    problem: str = None          # None: right
-    kind: str = "value"          # "value", "raised", "wrong" (a case's own judgement) or "changed" (its inputs)
-
-
-# -----------------------------------------------------------------------------
-# Exercises and answers
-
 def load_spec(n):
     return importlib.import_module(f"exercises.checks.{EXERCISES[n]}")
 
 
-def name_of(spec):
-    return spec.__name__.rsplit(".", 1)[-1]
-
-
 def stub_source(spec):
-    """The stub's text: its one home, exercises/stubs/, which the student's work never changes."""
-    return (STUBS / f"{name_of(spec)}.py").read_text()
+    """The stub's text, from its one home, exercises/stubs/, which a student's work never changes."""
+    return (STUBS / f"{spec.__name__.rsplit('.', 1)[-1]}.py").read_text()
 
 
-_loaded = itertools.count()
-ANSWER_FILES = set()             # the files answers came from: their frames are the student's
+# -----------------------------------------------------------------------------
+# Answers: a student's file, a bug's or mutant's text, or the reference
+
+_loaded, ANSWER_FILES = itertools.count(), set()   # ANSWER_FILES: their frames are the student's
 
 
 def load_answer(spec, source, filename):
-    """A student's file (or a bug's, a mutant's text) run as a module, its top level guarded like the answer's
-    calls; refused before it runs if it imports from exercises/, after if a name holds a refused function."""
+    """A student's file run as a module, its top level guarded as the answer's calls are; refused before it runs if it
+    imports from exercises/, and after if a name in it holds a refused function."""
     filename = str(filename)
     where = relpath(filename)
     ANSWER_FILES.add(filename)
@@ -171,19 +146,17 @@ def load_answer(spec, source, filename):
     try:
         tree = ast.parse(source, filename)
         for node in ast.walk(tree):
-            names = [a.name for a in getattr(node, "names", [])] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            for name in names:
+            for name in [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else []:
                 if name.split(".")[0] == "exercises":
                     return Answer({}, filename, f"{where} does not import: ImportError: line {node.lineno} imports "
                                   f"`{name}`, which is not available to your code: exercises/ holds the stored "
                                   "solutions and the checker. Write the function yourself.")
         with guarding(spec):
             exec(compile(tree, filename, "exec"), module.__dict__)
-    except NotImplementedError as e:
-        return Answer({}, filename, None if not str(e) else f"{where} does not import: {one_line(e)}", started=bool(str(e)))
     except Exception as e:
-        return Answer({}, filename, f"{where} does not import: {one_line(e)}")
+        started = not isinstance(e, NotImplementedError) or bool(str(e))
+        return Answer({}, filename, f"{where} does not import: {one_line(e)}" if started else None, started=started)
     missing = [f for f in spec.FUNCTIONS if not callable(getattr(module, f, None))]
     if missing:
         return Answer({}, filename, f"{where} has no function `{missing[0]}`: keep the stub's name and signature")
@@ -197,53 +170,47 @@ def load_answer(spec, source, filename):
 
 
 def as_answer(spec, impl):
-    """An Answer from a student's Answer, a Bug or Mutant (loaded as a student's file), or a namespace of
-    functions (the reference is trusted)."""
+    """An Answer from a student's Answer, a Bug or Mutant, or a namespace of functions (the reference is trusted)."""
     if isinstance(impl, Answer):
         return impl
-    if isinstance(impl, (Bug, Mutant)):
-        source = impl.source if impl.source is not None else edited(solved_source(spec), impl.edits or {})
-        return load_answer(spec, source, f"<{'known bug' if isinstance(impl, Bug) else 'mutant'}: {impl.name}>")
-    return Answer({f: getattr(impl, f) for f in spec.FUNCTIONS}, trusted=impl is spec.REFERENCE)
-
-
-def edited(text, edits):
-    for old, new in edits.items():
-        if text.count(old) != 1:
-            raise CheckerError(ValueError(f"an edit's old text is in the solution {text.count(old)} times, not once: {old!r}"))
-        text = text.replace(old, new)
-    return text
+    if not isinstance(impl, Mutant):
+        return Answer({f: getattr(impl, f) for f in spec.FUNCTIONS}, trusted=impl is spec.REFERENCE)
+    source = impl.source
+    if source is None:
+        source = solved_source(spec)
+        for old, new in (impl.edits or {}).items():
+            if source.count(old) != 1:
+                raise CheckerError(ValueError(f"{impl.name}: an edit's text is in the solution {source.count(old)} times, not once: {old!r}"))
+            source = source.replace(old, new)
+    return load_answer(spec, source, f"<{'known bug' if isinstance(impl, Bug) else 'mutant'}: {impl.name}>")
 
 
 @functools.lru_cache(maxsize=None)
 def solved_source(spec):
-    """A whole file that solves the exercise, as exercises/mine/ could hold it: the stored solution's file;
-    or the stub's docstring and imports, the reference's functions, and what they need (imported, or the
-    source of a helper from exercises/). For teachers (`solution N --show`), mutants and known bugs."""
+    """A whole file that solves the exercise, as exercises/mine/ could hold it (`solution N --show`, and what bugs and
+    mutants edit): the stored solution's file; or the stub's docstring and imports, the reference's functions, and
+    what they need (imported, or a stored solution's helper by its source)."""
     functions = [inspect.unwrap(getattr(spec.REFERENCE, f)) for f in spec.FUNCTIONS]
-    modules = {fn.__module__ for fn in functions}
-    if len(modules) == 1 and modules <= {m for m in sys.modules if m.startswith("exercises.solutions.")}:
+    if len({fn.__module__ for fn in functions}) == 1 and functions[0].__module__.startswith("exercises.solutions."):
         return inspect.getsource(sys.modules[functions[0].__module__])
     stub = stub_source(spec)
-    first = min(node.lineno for node in ast.parse(stub).body if isinstance(node, ast.FunctionDef))
-    header = "".join(stub.splitlines(True)[:first - 1]).rstrip() + "\n"
+    header = "".join(stub.splitlines(True)[:min(n.lineno for n in ast.parse(stub).body if isinstance(n, ast.FunctionDef)) - 1])
     defined = set(spec.FUNCTIONS) | {(a.asname or a.name).split(".")[0] for node in ast.parse(header).body
                                      if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
-    pending, bodies, imports = list(functions), [], []
-    while pending:
-        fn = pending.pop(0)
+    bodies, imports = [], []
+    while functions:
+        fn = functions.pop(0)
         bodies.append(textwrap.dedent(inspect.getsource(fn)))
         for name in sorted(global_names(fn.__code__) - defined):
             value = fn.__globals__.get(name)
-            alias = "" if name == getattr(value, "__name__", name) else f" as {name}"
-            defined.add(name)
+            alias, defined = "" if name == getattr(value, "__name__", name) else f" as {name}", defined | {name}
             if isinstance(value, ModuleType):
                 imports.append(f"import {value.__name__}{alias}")
             elif isinstance(value, types.FunctionType) and value.__module__.startswith("exercises."):
-                pending.append(value)      # a helper of a stored solution: its source, not an import
+                functions.append(value)    # a stored solution's helper: its source, not an import
             elif getattr(value, "__name__", None) and getattr(value, "__module__", None):
                 imports.append(f"from {value.__module__} import {value.__name__}{alias}")
-    return header + "".join(f"{line}\n" for line in imports) + "\n\n" + "\n\n".join(bodies)
+    return header.rstrip() + "\n" + "".join(f"{line}\n" for line in imports) + "\n\n" + "\n\n".join(bodies)
 
 
 def global_names(code):
@@ -253,7 +220,7 @@ def global_names(code):
 # -----------------------------------------------------------------------------
 # The guard: while the answer's code runs, each refused function's code raises
 
-STATE = SimpleNamespace(active=False, labels=[], refusals=[])   # refusals: every one raised (an answer may catch one)
+STATE = SimpleNamespace(active=False, labels=[], refusals=[])   # refusals: all raised (an answer may catch one)
 
 
 def refused_functions(spec):
@@ -264,13 +231,12 @@ def refused_functions(spec):
 
 @contextlib.contextmanager
 def guarding(spec):
-    """Each refused function's __code__ swapped for one that raises Refused, and restored afterwards: a
-    function captured before the check (f = Orthros.forward at import time, a bound method) refuses too."""
+    """Each refused function's __code__ swapped for code that raises Refused, and restored afterwards: a function
+    captured before the check (f = Orthros.forward at import time, a bound method) refuses too."""
     if STATE.active:   # the answer calling its own functions
         yield
         return
-    saved = []
-    STATE.active = True
+    saved, STATE.active = [], True
     try:
         for fn, why in refused_functions(spec).items():
             STATE.labels.append((label(fn), why))
@@ -285,8 +251,8 @@ def guarding(spec):
 
 def refuse(i):
     """What a refused function does while the answer's code runs."""
-    lbl, why = STATE.labels[i]
-    STATE.refusals.append(Refused(f"your code called {lbl} ({why}), which the checker refuses while your code runs"))
+    STATE.refusals.append(Refused(f"your code called {STATE.labels[i][0]} ({STATE.labels[i][1]}), which the checker "
+                                  "refuses while your code runs"))
     raise STATE.refusals[-1]
 
 
@@ -303,11 +269,8 @@ def refusing_code(n_free, i, name):
 
 
 def guarded(spec, answer):
-    """The answer's functions as a case's call sees them: run under the guard; what they raise is marked as
-    the answer's (a checker_hook's errors stay the checker's); a refusal they caught still fails."""
-    if answer.trusted:
-        return SimpleNamespace(**answer.functions)
-
+    """The answer's functions as a case's call sees them: run under the guard; what they raise is marked as the
+    answer's (a checker_hook's errors stay the checker's); a refusal they caught fails all the same."""
     def wrap(fn):
         @functools.wraps(fn)
         def answer_function(*args, **kwargs):
@@ -318,23 +281,48 @@ def guarded(spec, answer):
                 with guarding(spec):
                     value = fn(*args, **kwargs)
             except Exception as e:
-                if not isinstance(e, (Wrong, Refused, NotReady, CheckerError)):
-                    e.by_answer = True
+                e.by_answer = not isinstance(e, (Wrong, Refused, NotReady, CheckerError))
                 raise
             if len(STATE.refusals) > refusals:
                 raise STATE.refusals[-1]
             return value
         return answer_function
-    return SimpleNamespace(**{name: wrap(fn) for name, fn in answer.functions.items()})
+    return SimpleNamespace(**{name: fn if answer.trusted else wrap(fn) for name, fn in answer.functions.items()})
+
+
+def checker_hook(fn):
+    """Checker code that runs inside the answer's call (a forward hook): what it raises is the checker's error (a
+    Wrong: the answer's failure, in words), never "your code raised"."""
+    @functools.wraps(fn)
+    def hook(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (Wrong, NotReady):
+            raise
+        except Exception as e:
+            raise CheckerError(e) from e
+    return hook
+
+
+@contextlib.contextmanager
+def using(what):
+    """Around the checker's code that uses what the answer returned (runs the model it built, hands its t_out to
+    orthros.py): what that raises is the answer's failure, "<what> raised ...", not the checker's."""
+    try:
+        yield
+    except Exception as e:
+        if isinstance(e, (Wrong, NotReady, Refused)) or getattr(e, "by_answer", False):
+            raise
+        raise Wrong(f"{what} raised {one_line(e)}") from e
 
 
 # -----------------------------------------------------------------------------
 # Running the cases
 
 def check(spec, impl, summary=True, **options):
-    """Run spec's cases on impl (an Answer, the reference, a Bug, a Mutant or a namespace), smallest first, in
-    one CPU thread (the models are tiny; on a busy machine a second thread only waits); then, if summary, what
-    spec.after_pass prints."""
+    """Run spec's cases on impl (an Answer, the reference, a Bug, a Mutant or a namespace), smallest first, in one
+    CPU thread (the models are tiny; on a busy machine a second thread only waits); then, with summary, what
+    spec.after_pass says."""
     threads, start = torch.get_num_threads(), time.perf_counter()
     torch.set_num_threads(1)
     try:
@@ -349,10 +337,8 @@ def run_cases(spec, impl, summary, options):
     case, skipped = None, 0
     try:
         answer = as_answer(spec, impl)
-        if not answer.started:
-            return Result("not started", not_started(answer.path))
-        if answer.problem:
-            return Result("FAIL", f"FAIL. {answer.problem}")
+        if answer.problem or not answer.started:
+            return Result("FAIL", f"FAIL. {answer.problem}") if answer.problem else Result("not started", not_started(answer.path))
         functions = guarded(spec, answer)
         for i, case in enumerate(cases_of(spec, options)):
             if case.device not in (None, "cpu", "meta") and not torch.cuda.is_available():
@@ -360,13 +346,15 @@ def run_cases(spec, impl, summary, options):
                 continue
             truth = truth_of(spec, case, i, options)
             outcome = run_case(spec, case, functions, truth)
+            if outcome.kind == "not started":
+                return Result("not started", not_started(answer.path, outcome.output))
             if outcome.problem:
                 named = [] if answer.trusted else [bug for bug in spec.BUGS if same_failure(spec, bug, case, truth, outcome)]
                 return Result("FAIL", failure(case, outcome, truth, named), named=[bug.name for bug in named])
         case, extra = None, ""
         try:
             extra = spec.after_pass(functions, **options) if summary and hasattr(spec, "after_pass") else ""
-        except (NotReady, KeyboardInterrupt):
+        except (NotReady, CheckerError):
             raise
         except Exception as e:
             if not getattr(e, "by_answer", False):
@@ -374,46 +362,40 @@ def run_cases(spec, impl, summary, options):
             extra = f"(The summary after the checks could not run: your code raised {one_line(e)}{answer_line(e)})"
     except NotReady as e:
         return Result("waiting", str(e))
-    except NotStarted as e:
-        return Result("not started", not_started(answer.path, e.args[0]))
     except CheckerError as e:
         return Result("ERROR", checker_failure(case, e.args[0]))
     return Result("PASS", extra + (f"\n({skipped} case(s) skipped: their device is not on this machine)" if skipped else ""))
 
 
-CACHE = {}   # what every check of this process shares: the cases and their truths (the reference's outputs)
+CACHE = {}   # what the checks of one process share: each spec's cases, built once, and their truths
 
 
 def cases_of(spec, options):
-    """spec.cases(**options), each case built when a check first reaches it (cases() may be a generator: a check that
-    stops at the first case builds no more), and kept for the next checks."""
-    key = (id(spec), repr(sorted(options.items())))
-    if key not in CACHE:
-        CACHE[key] = (spec, iter(spec.cases(**options)), [], {})   # spec kept: its id stays its own
-    _, made, built, _ = CACHE[key]
+    """spec.cases(**options), each built when a check first reaches it (a check that stops early in a generator builds
+    no more), and kept for the next checks: [spec (its id stays its own), the generator, the cases built, truths]."""
+    cached = CACHE.setdefault((id(spec), repr(sorted(options.items()))), [spec, iter(spec.cases(**options)), [], {}])
     for i in itertools.count():
-        if i == len(built):
-            case = next(made, None)
-            if case is None:
-                return
-            built.append(case)
-        yield built[i]
+        if i == len(cached[2]):
+            cached[2].append(next(cached[1], None))
+        if cached[2][i] is None:
+            cached[2].pop()
+            return
+        yield cached[2][i]
 
 
 def truth_of(spec, case, i, options):
-    """The right output, computed once: expected(**inputs), or the reference's call, on its own copy of the inputs."""
+    """The right output, once: expected(**inputs), or the reference's call, on its own copy of the inputs."""
     truths = CACHE[id(spec), repr(sorted(options.items()))][3]
-    if i in truths or case.holds and not case.expected:
-        return truths.get(i)
-    inputs = fresh(case)
-    try:
-        truths[i] = case.expected(**inputs) if case.expected else \
-            case.call(SimpleNamespace(**{f: getattr(spec.REFERENCE, f) for f in spec.FUNCTIONS}), **inputs)
-    except (NotReady, KeyboardInterrupt):
-        raise
-    except Exception as e:
-        raise CheckerError(e) from e
-    return truths[i]
+    if i not in truths and not (case.holds and not case.expected):
+        inputs = fresh(case)
+        try:
+            truths[i] = case.expected(**inputs) if case.expected else \
+                case.call(SimpleNamespace(**{f: getattr(spec.REFERENCE, f) for f in spec.FUNCTIONS}), **inputs)
+        except (NotReady, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            raise CheckerError(e) from e
+    return truths.get(i)
 
 
 def run_case(spec, case, functions, truth):
@@ -424,21 +406,20 @@ def run_case(spec, case, functions, truth):
     try:
         if outcome.kind == "value":
             outcome.problem = case.holds(outcome.output) if case.holds else \
-                form_difference(outcome.output, truth, case.output) or \
-                value_difference(outcome.output, truth, case.atol, case.rtol)
+                form_difference(outcome.output, truth, case.output) or value_difference(outcome.output, truth, case.atol, case.rtol)
         changed = changes(spec, before, inputs, case.mutable)
     except Exception as e:
         raise CheckerError(e) from e
     if changed:
-        outcome.problem, outcome.kind = (f"{outcome.problem}\n  and: {changed}", outcome.kind) if outcome.problem \
-            else (changed, "changed")
+        outcome.problem, outcome.kind = (f"{outcome.problem}\n  and: {changed}" if outcome.problem else changed), \
+            outcome.kind if outcome.problem else "changed"
     return outcome
 
 
 def outcome_of(case, functions, inputs):
     try:
         return Outcome(case.call(functions, **inputs))
-    except (NotReady, KeyboardInterrupt, CheckerError):
+    except (NotReady, CheckerError):
         raise
     except Wrong as e:
         return Outcome(problem=str(e), kind="wrong")
@@ -448,7 +429,7 @@ def outcome_of(case, functions, inputs):
         if not getattr(e, "by_answer", False):
             raise CheckerError(e) from e
         if isinstance(e, NotImplementedError) and not str(e):
-            raise NotStarted(e)
+            return Outcome(e, kind="not started")
         return Outcome(problem=f"your code raised {one_line(e)}{answer_line(e)}", kind="raised")
 
 
@@ -457,38 +438,10 @@ def same_failure(spec, bug, case, truth, outcome):
     answer = as_answer(spec, bug)
     try:
         theirs = run_case(spec, case, guarded(spec, answer), truth) if not answer.problem else Outcome()
-    except (CheckerError, NotStarted):
+    except CheckerError:
         return False
     unplaced = lambda text: re.sub(r" \(at [^()]*, line \d+\)", "", text or "")
     return bool(theirs.problem) and theirs.kind == outcome.kind and unplaced(theirs.problem) == unplaced(outcome.problem)
-
-
-def checker_hook(fn):
-    """Mark checker code that runs inside the answer's call (a forward hook): what it raises is the checker's error
-    (a Wrong: the answer's failure, in words), never "your code raised"."""
-    @functools.wraps(fn)
-    def hook(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (Wrong, NotReady):
-            raise
-        except Exception as e:
-            raise CheckerError(e) from e
-    return hook
-
-
-@contextlib.contextmanager
-def using(what):
-    """Around the checker's code that uses what the answer returned (runs the model it built, hands its t_out
-    to orthros.py): what that raises is the answer's failure, "<what> raised ...", not the checker's."""
-    try:
-        yield
-    except (Wrong, NotReady, Refused):
-        raise
-    except Exception as e:
-        if getattr(e, "by_answer", False):
-            raise
-        raise Wrong(f"{what} raised {one_line(e)}") from e
 
 
 def fresh(case):
@@ -513,7 +466,34 @@ def place(value, device, dtype):
 
 
 # -----------------------------------------------------------------------------
-# Untouched inputs: each compared after the call with its copy from before
+# Untouched inputs: a snapshot before the call, compared with each input after it
+
+Kept = collections.namedtuple("Kept", "kind value requires_grad", defaults=[False])   # a tensor's copy, or a container's parts
+
+
+def snapshot(x):
+    if isinstance(x, torch.Tensor):
+        return Kept(torch.Tensor, x.detach() if x.device.type == "meta" else x.detach().clone(), x.requires_grad)
+    found = parts(x)
+    return x if found is None else Kept(type(x), {key: snapshot(part) for key, part in found.items()})
+
+
+def parts(x):
+    """A container's parts by the path that reaches each, or None for a plain value: a module's weights (with
+    requires_grad) and its submodules' public attributes (mode, config, settings)."""
+    if isinstance(x, nn.Module):
+        found = {f".{k}": v for k, v in x.state_dict(keep_vars=True).items()}
+        for name, module in x.named_modules():
+            found.update({f"{'.' * bool(name)}{name}.{k}": v for k, v in vars(module).items() if not k.startswith("_")})
+        return found
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f".{f.name}": getattr(x, f.name) for f in dataclasses.fields(x)}
+    if isinstance(x, (dict, list, tuple)):
+        return {f"[{k!r}]": v for k, v in (x.items() if isinstance(x, dict) else enumerate(x))}
+    if hasattr(x, "__dict__") and not isinstance(x, (type, ModuleType)) and not callable(x):
+        return {f".{k}": v for k, v in vars(x).items() if not isinstance(v, weakref.ref)}
+    return None
+
 
 def changes(spec, before, after, mutable=()):
     """What the answer changed among its inputs, in words, or None."""
@@ -526,21 +506,6 @@ def changes(spec, before, after, mutable=()):
     return None
 
 
-@dataclass
-class Kept:
-    """A snapshot of what an input held before the call: a tensor's copy, or a container's type and parts."""
-    kind: type
-    value: object
-    requires_grad: bool = False
-
-
-def snapshot(x):
-    if isinstance(x, torch.Tensor):
-        return Kept(torch.Tensor, x.detach() if x.device.type == "meta" else x.detach().clone(), x.requires_grad)
-    found = parts(x)
-    return x if found is None else Kept(type(x), {key: snapshot(part) for key, part in found.items()})
-
-
 def difference_in(old, new, path=""):
     """(where, what) for the first difference between an input's snapshot before the call and the input after it."""
     if isinstance(old, Kept) and old.kind is torch.Tensor:
@@ -549,9 +514,7 @@ def difference_in(old, new, path=""):
             return path, f"was {describe(was)}, now {describe(new)}"
         if old.requires_grad != new.requires_grad:
             return f"{path}.requires_grad", f"was {old.requires_grad}, now {new.requires_grad}"
-        if was.device.type == "meta":
-            return None
-        differ = (was != new) & ~(was.isnan() & new.isnan())
+        differ = (was != new) & ~(was.isnan() & new.isnan()) if was.device.type != "meta" else torch.zeros(())
         return (path, f"changed in place ({int(differ.sum())} of {was.numel()} entries differ)") if differ.any() else None
     if not isinstance(old, Kept):
         try:
@@ -570,54 +533,33 @@ def difference_in(old, new, path=""):
     return (path + extra[0], "is new: it was not there before") if extra else None
 
 
-def parts(x):
-    """A container's parts by the path that reaches each, or None for a plain value: a module's weights
-    (with requires_grad) and its submodules' public attributes (their mode, config, settings)."""
-    if isinstance(x, nn.Module):
-        found = {f".{k}": v for k, v in x.state_dict(keep_vars=True).items()}
-        for name, module in x.named_modules():
-            found.update({f"{'.' * bool(name)}{name}.{k}": v for k, v in vars(module).items() if not k.startswith("_")})
-        return found
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f".{f.name}": getattr(x, f.name) for f in dataclasses.fields(x)}
-    if isinstance(x, dict):
-        return {f"[{k!r}]": v for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return {f"[{i}]": v for i, v in enumerate(x)}
-    if hasattr(x, "__dict__") and not isinstance(x, (type, ModuleType)) and not callable(x):
-        return {f".{k}": v for k, v in vars(x).items() if not isinstance(v, weakref.ref)}
-    return None
-
-
 # -----------------------------------------------------------------------------
 # Forms and values, in words
 
 def form_difference(out, ref, label="your output"):
-    """None when out has ref's form (its type; a tensor's shape, dtype and device; a tuple's or list's length,
-    a dict's keys, and their items' forms), else what differs, in words. Never looks at out's values."""
+    """None when out has ref's form (its type; a tensor's shape, dtype and device; a tuple's or list's length, a
+    dict's keys, and their items' forms), else what differs, in words. Never looks at out's values."""
+    be, have = ("are", "have") if re.search(r"[^s]s$", label.split()[-1]) else ("is", "has")
     if isinstance(ref, torch.Tensor):
         if not isinstance(out, torch.Tensor):
-            return f"{label} {verb(label, 'is')} {describe(out)}, expected {describe(ref)}"
+            return f"{label} {be} {describe(out)}, expected {describe(ref)}"
         for what, mine, theirs in (("shape", tuple(out.shape), tuple(ref.shape)), ("dtype", out.dtype, ref.dtype)):
             if mine != theirs:
-                return f"{label} {verb(label, 'has')} {what} {mine}, expected {theirs}"
-        return None if out.device.type == ref.device.type else \
-            f"{label} {verb(label, 'is')} on {out.device.type}, expected {ref.device.type}"
+                return f"{label} {have} {what} {mine}, expected {theirs}"
+        return None if out.device.type == ref.device.type else f"{label} {be} on {out.device.type}, expected {ref.device.type}"
     if isinstance(ref, (tuple, list, dict)):
-        if not isinstance(out, (tuple, list) if isinstance(ref, (tuple, list)) else dict) or len(out) != len(ref):
-            return f"{label} {verb(label, 'is')} {describe(out)}, expected {describe(ref)}"
+        keys = ref if isinstance(ref, dict) else range(len(ref))
+        if not isinstance(out, dict if isinstance(ref, dict) else (tuple, list)) or len(out) != len(ref):
+            return f"{label} {be} {describe(out)}, expected {describe(ref)}"
         if isinstance(ref, dict) and set(out) != set(ref):
-            extra, missing = sorted(map(str, set(out) - set(ref))), sorted(map(str, set(ref) - set(out)))
-            return f"{label} {verb(label, 'has')} the keys {short(extra, 100)} too many, {short(missing, 100)} missing"
-        for k in (ref if isinstance(ref, dict) else range(len(ref))):
-            problem = form_difference(out[k], ref[k], f"{label}[{k!r}]" if isinstance(ref, dict) else f"item {k} of {label}")
-            if problem:
-                return problem
-        return None
+            return (f"{label} {have} the keys {short(sorted(map(str, set(out) - set(ref))), 100)} too many, "
+                    f"{short(sorted(map(str, set(ref) - set(out))), 100)} missing")
+        return next(filter(None, (form_difference(out[k], ref[k], f"{label}[{k!r}]" if isinstance(ref, dict) else
+                                                  f"item {k} of {label}") for k in keys)), None)
     if isinstance(ref, float) and type(out) is int or type(out) is type(ref):
         return None
     if isinstance(ref, (bool, int, float, str, type(None))) or not isinstance(out, type(ref)):
-        return f"{label} {verb(label, 'is')} {describe(out)}, expected {article(type(ref).__name__)}"
+        return f"{label} {be} {describe(out)}, expected {article(type(ref).__name__)}"
     return None
 
 
@@ -644,35 +586,27 @@ def tensor_difference(out, ref, atol, rtol):
         return None
     gap = torch.where(bad, (out.double() - ref.double()).abs().nan_to_num(nan=math.inf), -1.0)
     at = tuple(int(i) for i in torch.unravel_index(gap.argmax(), gap.shape))
+    text = f"{int(bad.sum())} of {bad.numel()} entries differ"
     if not ref.is_floating_point():
-        return (f"{int(bad.sum())} of {bad.numel()} entries differ; the first at index {at}: yours {out[at].item()}, "
-                f"the reference {ref[at].item()}")
+        return f"{text}; the first at index {at}: yours {out[at].item()}, the reference {ref[at].item()}"
+    digits = 6 if f"{out[at].item():.6g}" != f"{ref[at].item():.6g}" else 12
     rounding = " (about float32's rounding: does a step go through float32?)" \
         if ref.dtype == torch.float64 and 1e-12 < gap[at] <= 1e-6 * max(1.0, abs(ref[at].item())) else ""
-    return (f"{int(bad.sum())} of {bad.numel()} entries differ; the largest difference, {gap[at]:.3g}{rounding}, at "
-            f"index {at}: yours {out[at].item():.6g}, the reference {ref[at].item():.6g}; allowed {atol:g}"
-            + (f" + {rtol:g} x |reference|" if rtol else ""))
+    return (f"{text}; the largest difference, {gap[at]:.3g}{rounding}, at index {at}: yours {out[at].item():.{digits}g}, "
+            f"the reference {ref[at].item():.{digits}g}; allowed {atol:g}" + (f" + {rtol:g} x |reference|" if rtol else ""))
 
 
 def describe(value):
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)} ({value.dtype})"
-    if isinstance(value, (tuple, list)):
+    if isinstance(value, (tuple, list, dict)):
         return f"a {type(value).__name__} of {len(value)} items"
-    if isinstance(value, dict):
-        return f"a dict with the keys {sorted(map(str, value))}"
-    if isinstance(value, (bool, int, float, str, type(None))):
-        return f"{article(type(value).__name__)} ({short(value, 60)})"
-    return article(type(value).__name__)
+    scalar = isinstance(value, (bool, int, float, str, type(None)))
+    return article(type(value).__name__) + (f" ({short(value, 60)})" if scalar else "")
 
 
 def article(name):
     return f"an {name}" if name[0] in "aeiouAEIOU" else f"a {name}"
-
-
-def verb(label, singular):
-    last = label.split()[-1]
-    return {"has": "have", "is": "are"}[singular] if last.endswith("s") and not last.endswith(("ss", "is")) else singular
 
 
 def short(x, limit=160):
@@ -686,6 +620,10 @@ def one_line(error):
         return f"SyntaxError: {error.msg} (line {error.lineno})"
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def label(fn):
+    return f"{fn.__module__}.{fn.__qualname__}"
 
 
 # -----------------------------------------------------------------------------
@@ -708,11 +646,10 @@ def not_started(path, error=None):
     if error is not None:
         frame = traceback.extract_tb(error.__traceback__)[-1]
         name, where = f"`{frame.name}` in ", relpath(frame.filename)
-    if path and Path(path).resolve().parent == STUBS:
-        return (f"not started: {name}{where} still raises NotImplementedError. Start it with `python -m exercises "
-                f"start {int(Path(path).name[2:4])}` (it copies the stub to exercises/mine/), then open that file, "
-                "read its docstring, and write it.")
-    return f"not started: {name}{where} still raises NotImplementedError. Open the file, read its docstring, and write it."
+    how = f"Start it with `python -m exercises start {int(Path(path).name[2:4])}` (it copies the stub to exercises/mine/), " \
+        "then open that file, read its docstring, and write it." if Path(path).resolve().parent == STUBS else \
+        "Open the file, read its docstring, and write it."
+    return f"not started: {name}{where} still raises NotImplementedError. {how}"
 
 
 def failure(case, outcome, truth, named):
@@ -723,8 +660,7 @@ def failure(case, outcome, truth, named):
         lines.append("  yours" + " " * (truth.size(1) + 2) + "the reference   (rows: queries, columns: keys; # = attends)")
         lines += [f"  {a}       {b}" for a, b in zip(*(["".join(".#"[v] for v in row) for row in m.tolist()] for m in masks))]
     lines.append(f"  the invariant it breaks: {case.invariant}")
-    lines += [f"  This behaves like a known mistake: {bug.name}. {bug.why}" for bug in named]
-    return "\n".join(lines)
+    return "\n".join(lines + [f"  This behaves like a known mistake: {bug.name}. {bug.expect}" for bug in named])
 
 
 def checker_failure(case, error):
@@ -736,11 +672,11 @@ def checker_failure(case, error):
 
 
 # -----------------------------------------------------------------------------
-# What the checks share: tiny float64 models, inputs, patching
+# What the checks share: tiny models drawn in float64, inputs, patching, a look at what the blocks are handed
 
 def tiny_model(attn="orthros", seed=0, dtype=torch.float64, **overrides):
-    """A tiny model in eval mode, its weights drawn in dtype (float64: values that float32 cannot hold), its
-    scale-offsets and optional convolution moved off their identity start (the streams' queries differ)."""
+    """A tiny model in eval mode, its weights drawn in dtype (float64: values float32 cannot hold), its scale-offsets
+    and optional convolution moved off their identity start (the two streams' queries differ)."""
     config = orthros.OrthrosConfig(**{**dict(vocab_size=37, n_layer=2, n_head=2, n_embd=16, window=4, attn=attn,
                                              max_seq_len=512), **overrides})
     default = torch.get_default_dtype()
@@ -765,28 +701,10 @@ def randn(*shape, seed=0):
     return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
 
 
-def label(fn):
-    return f"{fn.__module__}.{fn.__qualname__}"
-
-
-@contextlib.contextmanager
-def patched(owner, **attrs):
-    """owner.name = value for each, restored afterwards, whatever happens."""
-    old = {name: getattr(owner, name) for name in attrs}
-    try:
-        for name, value in attrs.items():
-            setattr(owner, name, value)
-        yield
-    finally:
-        for name, value in old.items():
-            setattr(owner, name, value)
-
-
 @contextlib.contextmanager
 def handed_to_blocks(model, B, rows, T, why, more=None):
-    """Check what the answer hands each of model.blocks before the block's own code (and its assertions) runs:
-    z of shape (B, rows, C) (rows=None: any), T base tokens, and more(block index, the block's arguments) -> None or
-    what is wrong; a wrong form fails the case, saying what it should be and why."""
+    """Check what the answer hands each of model.blocks before the block's own code (and its assertions) runs: z of
+    shape (B, rows, C) (rows None: any), T, and more(block index, the block's arguments) -> None or what is wrong."""
     def check(block, args, kwargs):
         given = inspect.signature(block.forward).bind(*args, **kwargs).arguments
         z, i = given.get("z"), list(model.blocks).index(block)

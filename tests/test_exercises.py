@@ -2,11 +2,10 @@
 The exercises (exercises/, `python -m exercises`) stay true to the code, for every exercise the checks folder
 holds: the stored solution, as the file `solution N --show` prints, passes its check; the stub says "not started";
 every known bug fails and is named; every stub has the reference's signature and imports nothing it replaces.
-The checker itself, on a toy exercise: the reference first, on its own copy of the inputs; an answer that changes
-its inputs fails, naming the input; refused functions raise while the answer runs, even captured before, and are
-restored; importing from exercises/ is refused; forms before values; the checker's own errors are never the
-student's. The command line, the hints, the picture, the syllabus. Mutants: test_exercise_mutants.py; the
-student's workflow: test_exercise_workflow.py.
+The checker itself, on a toy exercise, for what no mutant shows: the reference first, on its own copy of the inputs;
+a refused function raises even captured before and caught, and is restored; the checker's own errors are never the
+student's (inputs changed, forms before values and shortcuts refused: the mutants of test_exercise_mutants.py). The
+command line, the hints, the picture, the syllabus. The student's workflow: test_exercise_workflow.py.
 
     python -m pytest -q tests/test_exercises.py
 """
@@ -124,44 +123,9 @@ def test_the_reference_runs_first_on_its_own_copy_of_the_inputs():
     assert [who for who, _ in LOG] == ["reference", "answer"] and len({id(x) for _, x in LOG} | {id(shared)}) == 3
 
 
-@pytest.mark.parametrize("change,expected", [
-    (lambda x, **_: x.add_(1), "your double changed its input `x` in place (6 of 6 entries differ)"),
-    (lambda x, model, **_: model.train(), "changed its input `model`: `model.training` was False, now True"),
-    (lambda x, model, **_: model.blocks[0].attn.alpha.data.mul_(2),
-     "`model.blocks.0.attn.alpha` changed in place (16 of 16 entries differ)"),
-    (lambda x, model, **_: model.wte.weight.requires_grad_(False), "`model.wte.weight.requires_grad` was True, now False"),
-    (lambda x, config, **_: setattr(config, "window", 3), "changed its input `config`: `config.window` was 4, now 3"),
-    (lambda x, layers, **_: layers.append(orthros.LayerCache()), "changed its input `layers`: `layers[1]` is new"),
-])
-def test_an_answer_that_changes_its_inputs_fails_naming_the_input(change, expected):
-    """Tensors by value, a model's weights, requires_grad and mode, configs, lists: a change is reported with its path."""
-    model = framework.tiny_model()
-    case = Case("double(x) with a model, a config and a list at hand", invariant="2x",
-                inputs=lambda: dict(x=torch.arange(6.0), config=model.config, layers=[orthros.LayerCache()], model=model),
-                call=lambda answer, x, **context: answer.double(x, **context))
-
-    def answer(x, **context):
-        y = 2 * x
-        change(x, **context)
-        return y
-    result = framework.check(toy(case), SimpleNamespace(double=answer))
-    assert result.status == "FAIL" and expected in result.message, result.message
-
-
 def test_an_input_declared_mutable_may_change():
     """A case may name inputs the answer is meant to change (a cache it appends to)."""
     assert framework.check(toy(doubling(mutable=("x",))), SimpleNamespace(double=lambda x: 2 * x.mul_(1))).status == "PASS"
-
-
-@pytest.mark.parametrize("answer,expected", [
-    (lambda x: (2 * x).tolist(), "your output is a list of 2 items, expected a tensor of shape (2, 3) (torch.float32)"),
-    (lambda x: (2 * x).flatten(), "your output has shape (6,), expected (2, 3)"),
-    (lambda x: (2 * x).double(), "your output has dtype torch.float64, expected torch.float32"),
-    (lambda x: 2 * x.to("meta"), "your output is on meta, expected cpu")])
-def test_forms_are_compared_before_values(answer, expected):
-    """Type, shape, dtype and device are reported before any value is compared."""
-    result = framework.check(toy(doubling()), SimpleNamespace(double=answer))
-    assert result.status == "FAIL" and expected in result.message, result.message
 
 
 def test_an_error_in_the_checkers_own_code_is_not_the_students():
@@ -206,17 +170,6 @@ def test_refused_functions_raise_even_when_captured_before_the_check_and_are_res
     result = framework.check(toy(doubling(), forbidden={orthros.Orthros.forward: "it runs the model"}), SimpleNamespace(double=answer))
     assert "refused: your code called orthros.Orthros.forward (it runs the model)" in result.message, result.message
     assert orthros.Orthros.forward.__code__ is code and captured(model, torch.zeros(1, 1, dtype=torch.long))
-
-
-@pytest.mark.parametrize("source,expected", [
-    ("from exercises.solutions.ex02_two_streams import two_stream_logits\n", "does not import: ImportError"),
-    ("def two_stream_logits(model, idx, t_out):\n    import exercises.checks.ex02_two_streams as c\n", "line 2 imports"),
-    ("from orthros import Orthros\n\ntwo_stream_logits = Orthros.forward\n", "holds orthros.Orthros.forward")])
-def test_shortcuts_in_a_file_are_refused_before_it_runs(source, expected):
-    """Importing from exercises/ anywhere in the file, or a name holding a refused function, fails before any case."""
-    spec = load_spec(2)
-    result = framework.check(spec, framework.load_answer(spec, source, "/nowhere/ex02.py"))
-    assert result.status == "FAIL" and expected in result.message, result.message
 
 
 def test_the_guard_is_restored_after_ctrl_c():

@@ -1,11 +1,12 @@
 """Exercise 1, the window mask: the checker. The solution is orthros.py's own in_window and attention_mask."""
 
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 
 import orthros
-from exercises.framework import Bug, Case, Mutant, describe, patched, tiny_model, tokens
+from exercises.framework import Bug, Case, Mutant, describe, tiny_model, tokens
 
 TITLE = "The window mask"
 DIFFICULTY = 1
@@ -16,14 +17,14 @@ REFERENCE = SimpleNamespace(in_window=orthros.in_window, attention_mask=orthros.
 PAPER = "the paper's window, T=300"
 
 HINTS = [
-    "Two conditions, combined with &: the key is not in the future (k_pos <= q_pos), and, when there is a window, "
-    "it is one of the w most recent positions. Query t sees keys t-w+1 ... t: that is w keys, so t - j ranges over "
-    "0 ... w-1.",
-    "in_window: a causal test, and with a window also a test on the distance q_pos - k_pos (0 for the query's own "
-    "key, w-1 for the oldest key it sees); both are element-wise comparisons that broadcast (n_q, 1) against "
-    "(1, n_k) to (n_q, n_k).\n"
-    "attention_mask: the query positions are the LAST n_q of the n_k positions, n_k-n_q ... n_k-1, as a column "
-    "(n_q, 1); the key positions 0 ... n_k-1 as a row (1, n_k); build both on `device`, then one call to in_window. "
+    "Two conditions, combined with &: the key is not in the future (k_pos <= q_pos), and, when there is a window, it "
+    "is one of the w most recent positions. Query t sees keys t-w+1 ... t: that is w keys, so t - j ranges over 0 ... "
+    "w-1.",
+    "in_window: a causal test, and with a window also a test on the distance q_pos - k_pos (0 for the query's own key,"
+    " w-1 for the oldest key it sees); both are element-wise comparisons that broadcast (n_q, 1) against (1, n_k) to "
+    "(n_q, n_k).\n"
+    "attention_mask: the query positions are the LAST n_q of the n_k positions, n_k-n_q ... n_k-1, as a column (n_q, "
+    "1); the key positions 0 ... n_k-1 as a row (1, n_k); build both on `device`, then one call to in_window. "
     "(torch.tril, and SDPA's is_causal=True, align top-left: wrong when n_q < n_k.)",
     "Paper, section 3.1, eq. 4: o_t = sum over j = max(1, t-w+1) ... t of softmax(q_t k_j / sqrt(d)) v_j; eq. 5, the "
     "output tokens' cross-attention: j = 1 ... t. Algorithm 1, lines 8-9: Flash-Attn(Q, K, V, window_size=W) and "
@@ -138,50 +139,47 @@ def cases(**options):
              for T in range(1, 7) for window in dict.fromkeys([None, 1, 2, 3, T + 1])]
     found += [mask_case(n_q, n_k, window) for n_k in range(1, 7) for n_q in range(1, n_k + 1) for window in (None, 1, 2, 3)]
     # Every form of positions orthros.py and perf/engine.py pass (the docstring: tensors that broadcast)
-    found += [positions_case(f"0-d positions q_pos = torch.tensor({q}), k_pos = torch.tensor({k}), as FlexAttention's "
-                             "mask_mod asks one (q, k) pair at a time", torch.tensor(q), torch.tensor(k), 3)
-              for q, k in [(5, 5), (5, 4), (5, 3), (5, 2), (2, 5), (0, 0)]]
-    found.append(positions_case("1-D positions of the same shape (6,), compared pair by pair: q_pos = torch.tensor([0, 1, "
-                                "2, 5, 5, 9]), k_pos = torch.tensor([0, 0, 2, 2, 1, 9])",
-                                torch.tensor([0, 1, 2, 5, 5, 9]), torch.tensor([0, 0, 2, 2, 1, 9]), 3))
-    found.append(positions_case("q_pos = torch.tensor([6]) and k_pos = torch.arange(9), shapes (1,) and (9,), as "
-                                "perf/engine.py's decode step asks for one new token", torch.tensor([6]), torch.arange(9), 4))
-    found.append(positions_case("3-D positions of shapes (2, 3, 1) and (2, 1, 6), as the blocked path asks for blocks of "
-                                "w = 3 queries against 2w keys: q_pos = 3 * b + 3 + i, k_pos = 3 * b + j",
-                                torch.arange(3, 9).view(2, 3, 1), (3 * torch.arange(2)[:, None] + torch.arange(6)).view(2, 1, 6), 3))
-    found.append(positions_case("int32 positions: q_pos = torch.arange(7, dtype=torch.int32)[:, None], k_pos = "
-                                "torch.arange(7, dtype=torch.int32)[None, :]",
-                                torch.arange(7, dtype=torch.int32)[:, None], torch.arange(7, dtype=torch.int32)[None, :], 3))
+    found += [positions_case(what, q, k, w) for what, q, k, w in [
+        *((f"0-d positions q_pos = torch.tensor({q}), k_pos = torch.tensor({k}), as FlexAttention's mask_mod asks one "
+           "(q, k) pair at a time", torch.tensor(q), torch.tensor(k), 3) for q, k in [(5, 5), (5, 4), (5, 3), (5, 2), (2, 5), (0, 0)]),
+        ("1-D positions of the same shape (6,), compared pair by pair: q_pos = torch.tensor([0, 1, 2, 5, 5, 9]), k_pos = "
+         "torch.tensor([0, 0, 2, 2, 1, 9])", torch.tensor([0, 1, 2, 5, 5, 9]), torch.tensor([0, 0, 2, 2, 1, 9]), 3),
+        ("q_pos = torch.tensor([6]) and k_pos = torch.arange(9), shapes (1,) and (9,), as perf/engine.py's decode step asks "
+         "for one new token", torch.tensor([6]), torch.arange(9), 4),
+        ("3-D positions of shapes (2, 3, 1) and (2, 1, 6), as the blocked path asks for blocks of w = 3 queries against 2w "
+         "keys: q_pos = 3 * b + 3 + i, k_pos = 3 * b + j", torch.arange(3, 9).view(2, 3, 1),
+         (3 * torch.arange(2)[:, None] + torch.arange(6)).view(2, 1, 6), 3),
+        ("int32 positions: q_pos = torch.arange(7, dtype=torch.int32)[:, None], k_pos = torch.arange(7, dtype=torch.int32)"
+         "[None, :]", torch.arange(7, dtype=torch.int32)[:, None], torch.arange(7, dtype=torch.int32)[None, :], 3)]]
     found += [logits_case(attn, swa_impl, 21, 4, t_out) for attn, swa_impl, t_out in [
         ("orthros", "dense", 5), ("orthros", "blocked", 5), ("swa", "dense", 21), ("swa", "blocked", 21), ("orthros", "blocked", 21)]]
     found.append(Case(
         "attention_mask(n_q=3, n_k=5, window=2), called again after the caller changed the first mask in place "
         "(mask.fill_(False)): yours must make a new mask each call", output="your second mask",
-        inputs=lambda: dict(n_q=3, n_k=5, window=2), call=asked_twice,
+        inputs=lambda: dict(n_q=3, n_k=5, window=2),
+        call=lambda answer, **asked: (answer.attention_mask(**asked).fill_(False), answer.attention_mask(**asked))[1],
         invariant="a call's result is the caller's own tensor: what the caller does with it changes no later call"))
     # The paper's sizes: w = 128 over T = 300 (a block of 128 and a partial one); distances past 127, 2^15 and 2^16
     paper = f"{WINDOW}: distances 0 ... 127 are in, 128 ... 299 out"
     found.append(positions_case(f"q_pos = torch.arange(300)[:, None], k_pos = torch.arange(300)[None, :]: {PAPER}",
                                 torch.arange(300)[:, None], torch.arange(300)[None, :], 128, paper, explain=True))
-    found.append(mask_case(300, 300, 128, f": {PAPER}", paper, explain=True))
-    found.append(mask_case(10, 300, None, ": 10 output tokens attending every earlier key", explain=True))
-    found.append(logits_case("orthros", "blocked", 300, 128, 37))
-    found.append(mask_case(1, 4096, 128, ": a decoded token at position 4095, the paper's window", explain=True,
-                           invariant=f"the last query sees the last w keys: {WINDOW}"))
-    found.append(mask_case(2, 70000, 40000, ": distances past 2^15 and 2^16, a window past 2^15", explain=True,
-                           invariant=f"{WINDOW}; {FAR}"))
+    found += [mask_case(300, 300, 128, f": {PAPER}", paper, explain=True),
+              mask_case(10, 300, None, ": 10 output tokens attending every earlier key", explain=True),
+              logits_case("orthros", "blocked", 300, 128, 37),
+              mask_case(1, 4096, 128, ": a decoded token at position 4095, the paper's window", explain=True,
+                        invariant=f"the last query sees the last w keys: {WINDOW}"),
+              mask_case(2, 70000, 40000, ": distances past 2^15 and 2^16, a window past 2^15", explain=True,
+                        invariant=f"{WINDOW}; {FAR}")]
     # The device (last: the first arithmetic on 'meta' makes torch import its compiler, ~1.7 s once per process)
-    for n_q, n_k, w, device, where, invariant in [
-            (3, 5, 2, "cpu", "device='cpu'), called while the default device is 'meta' (inside `with torch.device('meta'):`)",
-             "the mask is built on the device it is asked for, whatever the default device"),
-            (300, 300, 128, "meta", "device='meta'): the paper's sizes on the device 'meta' (shapes, no values)",
-             "the mask is built on the device it is asked for (here 'meta'), not on the CPU"),
-            (3, 5, 2, None, "no device, called while the default device is 'meta' (inside `with torch.device('meta'):`)",
-             "device=None builds the mask on the default device (here 'meta'), as torch.arange does")]:
-        found.append(Case(f"attention_mask(n_q={n_q}, n_k={n_k}, window={w}, {where}", call=meta_default,
-                          inputs=lambda n_q=n_q, n_k=n_k, w=w, device=device: dict(n_q=n_q, n_k=n_k, window=w, device=device),
-                          invariant=invariant, output="your mask"))
-    return found
+    meta = "called while the default device is 'meta' (inside `with torch.device('meta'):`)"
+    return found + [Case(f"attention_mask(n_q={n_q}, n_k={n_k}, window={w}, {where}", call=meta_default, output="your mask",
+                         inputs=lambda n_q=n_q, n_k=n_k, w=w, device=device: dict(n_q=n_q, n_k=n_k, window=w, device=device),
+                         invariant=invariant) for n_q, n_k, w, device, where, invariant in [
+        (3, 5, 2, "cpu", f"device='cpu'), {meta}", "the mask is built on the device it is asked for, whatever the default"),
+        (300, 300, 128, "meta", "device='meta'): the paper's sizes on the device 'meta' (shapes, no values)",
+         "the mask is built on the device it is asked for (here 'meta'), not on the CPU"),
+        (3, 5, 2, None, f"no device, {meta}", "device=None builds the mask on the default device (here 'meta'), as "
+                                              "torch.arange does")]]
 
 
 def logits_case(attn, swa_impl, T, w, t_out):
@@ -193,16 +191,11 @@ def logits_case(attn, swa_impl, T, w, t_out):
                           "logits follow it: the right predicate gives the model's own logits")
 
 
-def asked_twice(answer, n_q, n_k, window):
-    answer.attention_mask(n_q, n_k, window).fill_(False)
-    return answer.attention_mask(n_q, n_k, window)
-
-
 def meta_default(answer, n_q, n_k, window, device):
     with torch.device("meta"):   # a mask built without `device` lands on meta: shapes, no values
         return answer.attention_mask(n_q, n_k, window, device)
 
 
 def patched_logits(answer, model, idx, t_out):
-    with patched(orthros, in_window=answer.in_window, attention_mask=answer.attention_mask), torch.no_grad():
+    with mock.patch.multiple(orthros, in_window=answer.in_window, attention_mask=answer.attention_mask), torch.no_grad():
         return model(idx, t_out=t_out)[0]

@@ -20,9 +20,9 @@ REFERENCE = SimpleNamespace(smallest_t_out=solution.smallest_t_out, tokens_throu
 PAPER = "sequences of up to 2048 tokens"
 
 HINTS = [
-    "The output positions are always a suffix: the last t_out columns. So t_out is decided by the leftmost column "
-    "that holds any target, in any row of the batch; everything from there to the end must be an output position. "
-    "Orthros runs a second (output) token for each output position; the baselines have one stream.",
+    "The output positions are always a suffix: the last t_out columns. So t_out is decided by the leftmost column that"
+    " holds any target, in any row of the batch; everything from there to the end must be an output position. Orthros "
+    "runs a second (output) token for each output position; the baselines have one stream.",
     "smallest_t_out: targets (B, T) -> one flag per column, (T,): does any row train this column? The first flagged "
     "column f decides: t_out = T - f. No flagged column: 1 (as prefill). Return a Python int.\n"
     "tokens_through_layers: Orthros runs its T base tokens plus one output token per output position; the baselines "

@@ -22,8 +22,8 @@ PAPER = "w=128 (the paper's window)"
 HINTS = [
     "Split z into the base tokens x (the first T rows) and the output tokens x' (the other t_out). Keys and values "
     "come from x only: they are the KV cache. Both streams use the same W_Q; only their element-wise scale-offsets "
-    "differ. Base queries attend with the window, output queries attend every key up to their own position. Then "
-    "merge heads, concatenate, and apply W_O once.",
+    "differ. Base queries attend with the window, output queries attend every key up to their own position. Then merge"
+    " heads, concatenate, and apply W_O once.",
     "Shapes (H heads of D = C / H channels; t_out = z.size(1) - T):\n"
     "K, V: W_K, W_V on the base rows only -> (B, T, C) each\n"
     "Q: W_Q on the base rows, then alpha (.) q + beta; Q': W_Q on the output rows, then alpha' (.) q' + beta'\n"

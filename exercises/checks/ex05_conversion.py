@@ -20,8 +20,8 @@ PAPER = "window=128)(idx, t_out=300)"
 
 HINTS = [
     "Build a new model from the Transformer's config with two fields changed (attn, window), in the Transformer's "
-    "dtype. Copy every weight by name: the names are the same in both models. The four scale-offsets per layer are "
-    "the only parameters a Transformer lacks: set them to the identity (alpha = alpha' = 1, beta = beta' = 0).",
+    "dtype. Copy every weight by name: the names are the same in both models. The four scale-offsets per layer are the"
+    " only parameters a Transformer lacks: set them to the identity (alpha = alpha' = 1, beta = beta' = 0).",
     "1. a config: the Transformer's (model.config, a dataclass) with attn and window replaced\n"
     "2. a new Orthros model of that config, in the Transformer's dtype (float64 here: a float32 copy is not exact)\n"
     "3. copy every tensor of the Transformer's state dict into the tensor of the same name (copies, never the same "

@@ -3,10 +3,11 @@
 import dataclasses
 import time
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 
-from exercises.framework import Bug, Case, Mutant, Wrong, patched
+from exercises.framework import Bug, Case, Mutant, Wrong
 from exercises.solutions import ex07_prefill_flops as solution
 from orthros import Orthros, OrthrosConfig
 from perf import bench
@@ -22,20 +23,20 @@ FORBIDDEN = {bench.forward_flops: BENCH, bench.prefill_flop_limits: BENCH, bench
 PAPER = "T=300), orthros, the paper's"
 
 HINTS = [
-    "Count pairs row by row. Without a window, the query at position t sees t + 1 keys; the last n_q "
-    "queries are t = T-n_q ... T-1. With a window, the first w queries see 1, 2, ..., w keys and every "
-    "later one exactly w (careful when w > T). Then FLOPs: every token in a layer pays the token-wise "
-    "matrices; Orthros's prefill has T base tokens and ONE output token, which has a query but no key.",
-    "attended_pairs, no window: the last n_q queries sit at T-n_q ... T-1 and see t + 1 keys each: an "
-    "arithmetic series, n_q terms from T-n_q+1 up to T. With a window: the first min(w, T) queries see "
-    "1, 2, ... keys (a triangle), every later one exactly w. Integers only: // not /.\n"
-    "prefill_flops, per layer: (tokens through the layer) x 10 C^2 x 2, plus (base tokens) x 2 C^2 x 2 for W_K, "
-    "W_V, plus 4 C per attended pair; the pairs are causal for the Transformer, windowed for SWA and "
-    "Orthros's base tokens, plus the one output query's full row for Orthros. Times n_layer, plus 2 C V for the "
-    "LM head at the one position with logits.",
-    "Paper, section 3.3 (Complexity Analysis): sliding window attention O(TWd), full cross-attention "
-    "O(T_out T d), token-wise projections O((T + T_out) d^2); prefilling has T_out = 1. In the repo: "
-    "perf/bench.py, forward_flops and prefill_flop_limits.",
+    "Count pairs row by row. Without a window, the query at position t sees t + 1 keys; the last n_q queries are t = "
+    "T-n_q ... T-1. With a window, the first w queries see 1, 2, ..., w keys and every later one exactly w (careful "
+    "when w > T). Then FLOPs: every token in a layer pays the token-wise matrices; Orthros's prefill has T base tokens"
+    " and ONE output token, which has a query but no key.",
+    "attended_pairs, no window: the last n_q queries sit at T-n_q ... T-1 and see t + 1 keys each: an arithmetic "
+    "series, n_q terms from T-n_q+1 up to T. With a window: the first min(w, T) queries see 1, 2, ... keys (a "
+    "triangle), every later one exactly w. Integers only: // not /.\n"
+    "prefill_flops, per layer: (tokens through the layer) x 10 C^2 x 2, plus (base tokens) x 2 C^2 x 2 for W_K, W_V, "
+    "plus 4 C per attended pair; the pairs are causal for the Transformer, windowed for SWA and Orthros's base tokens,"
+    " plus the one output query's full row for Orthros. Times n_layer, plus 2 C V for the LM head at the one position "
+    "with logits.",
+    "Paper, section 3.3 (Complexity Analysis): sliding window attention O(TWd), full cross-attention O(T_out T d), "
+    "token-wise projections O((T + T_out) d^2); prefilling has T_out = 1. In the repo: perf/bench.py, forward_flops "
+    "and prefill_flop_limits.",
 ]
 
 
@@ -198,7 +199,7 @@ def breakdown(cfg, T):
 
 
 def patched_forward_flops(answer, cfg, T, t_out):
-    with patched(bench, attended_pairs=answer.attended_pairs):
+    with mock.patch.multiple(bench, attended_pairs=answer.attended_pairs):
         return bench.forward_flops(cfg, T, t_out)
 
 

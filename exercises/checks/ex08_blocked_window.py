@@ -3,13 +3,14 @@ blocked_sliding_window_attention."""
 
 import math
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import orthros
-from exercises.framework import Bug, Case, Mutant, Wrong, form_difference, patched, randn, tiny_model, tokens, value_difference
+from exercises.framework import Bug, Case, Mutant, Wrong, form_difference, randn, tiny_model, tokens, value_difference
 
 TITLE = "The sliding window in O(T w)"
 DIFFICULTY = 4
@@ -24,20 +25,20 @@ FORBIDDEN = {orthros.reference_attention: WINDOWED, orthros.fast_reference_atten
 PAPER = "(the paper's window)"
 
 HINTS = [
-    "Query t sees keys t-w+1 ... t. Put the queries in blocks of w: block b holds positions b*w ... "
-    "b*w + w-1, and every key they may see lies in block b-1 or block b. So give each block its 2w keys "
-    "(the previous block and its own), and mask with in_window inside that small (w, 2w) window. Pad T "
-    "up to whole blocks, and give the keys one extra block of padding in front for block 0 (masked out).",
+    "Query t sees keys t-w+1 ... t. Put the queries in blocks of w: block b holds positions b*w ... b*w + w-1, and "
+    "every key they may see lies in block b-1 or block b. So give each block its 2w keys (the previous block and its "
+    "own), and mask with in_window inside that small (w, 2w) window. Pad T up to whole blocks, and give the keys one "
+    "extra block of padding in front for block 0 (masked out).",
     "Shapes (n = ceil(T / w) blocks; pad T up to n*w):\n"
     "queries: (B, H, T, D) -> padded at the end -> (B*H, n, w, D)\n"
-    "keys, values: padded with one block of w in front and the same padding at the end -> (B*H, n+1, w, D); "
-    "then block b's keys are blocks b and b+1 of that, side by side: (B*H, n, 2w, D)\n"
-    "positions: query i of block b sits at b*w + i, a (n, w, 1) grid; key j of its 2w keys at (b-1)*w + j, "
-    "a (n, 1, 2w) grid; the mask is in_window of the two, and the front padding (negative positions) hidden\n"
-    "one scaled_dot_product_attention over the blocks with that (n, w, 2w) mask (and dropout_p), then back "
-    "to (B, H, n*w, D) and the first T rows",
-    "Paper, Algorithm 1, line 8: O <- Flash-Attn(Q, K, V, window_size=W), and section 3.3: sliding window "
-    "attention costs O(T W d), linear in T. In orthros.py: part 3 (fast paths), blocked_sliding_window_attention.",
+    "keys, values: padded with one block of w in front and the same padding at the end -> (B*H, n+1, w, D); then block"
+    " b's keys are blocks b and b+1 of that, side by side: (B*H, n, 2w, D)\n"
+    "positions: query i of block b sits at b*w + i, a (n, w, 1) grid; key j of its 2w keys at (b-1)*w + j, a (n, 1, "
+    "2w) grid; the mask is in_window of the two, and the front padding (negative positions) hidden\n"
+    "one scaled_dot_product_attention over the blocks with that (n, w, 2w) mask (and dropout_p), then back to (B, H, "
+    "n*w, D) and the first T rows",
+    "Paper, Algorithm 1, line 8: O <- Flash-Attn(Q, K, V, window_size=W), and section 3.3: sliding window attention "
+    "costs O(T W d), linear in T. In orthros.py: part 3 (fast paths), blocked_sliding_window_attention.",
 ]
 
 
@@ -121,138 +122,106 @@ def blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):
 """
 
 
-# -- Cases --------------------------------------------------------------------------------------
-
 SIZES = [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (3, 8), (8, 4), (9, 4), (21, 8), (32, 8), (64, 64), (100, 7)]
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 EQ4 = "equal to orthros.reference_attention: query t attends exactly keys t-w+1 ... t (eq. 4)"
-# (T, w, (B, H, D), what else), after SIZES: another shape, float32, inputs that are views (as the model's
-# q, k, v are), bfloat16, the paper's window, a window above it
-MORE = [(6, 4, (1, 1, 6), {}), (9, 4, (2, 3, 4), dict(dtype=torch.float32)), (9, 4, (2, 3, 4), dict(dtype=torch.bfloat16)),
-        (12, 4, (3, 2, 8), dict(views=True)), (300, 128, (1, 2, 8), {}), (300, 200, (1, 1, 4), {})]
+# (T, w, (B, H, D), dtype, views), after SIZES: another shape, float32, bfloat16, inputs that are views (as the model's
+# q, k, v are), the paper's window, a window above it
+MORE = [(6, 4, (1, 1, 6), None, False), (9, 4, (2, 3, 4), torch.float32, False), (9, 4, (2, 3, 4), torch.bfloat16, False),
+        (12, 4, (3, 2, 8), None, True), (300, 128, (1, 2, 8), None, False), (300, 200, (1, 1, 4), None, False)]
 
 
-def qkv(B, H, T, D, seed, views=False):
+def qkv(B, H, T, D, seed, views=False, names="qkv"):
     """q, k, v: (B, H, T, D) float64; views=True: transposed views of (B, T, H, D) tensors, not contiguous."""
-    if views:
-        return {name: randn(B, T, H, D, seed=seed + i).transpose(1, 2) for i, name in enumerate("qkv")}
-    return {name: randn(B, H, T, D, seed=seed + i) for i, name in enumerate("qkv")}
+    return {name: randn(B, T, H, D, seed=seed + i).transpose(1, 2) if views else randn(B, H, T, D, seed=seed + i)
+            for i, name in enumerate(names)}
 
 
 def cases(**options):
-    found = []
-    forward = [(T, w, (2, 3, 4), {}) for T, w in SIZES] + MORE
-    for T, w, (B, H, D), more in forward:
-        dtype, views = more.get("dtype"), more.get("views", False)
-        found.append(Case(
-            f"blocked_sliding_window_attention(q, k, v, window={w}), q, k, v of shape ({B}, {H}, {T}, {D})" +
-            (f", {str(dtype)[6:]}" if dtype else "") + (", transposed views of (B, T, H, D) tensors (not contiguous), as "
-                                                       "the model passes them" if views else "") + (f" {PAPER}" if w == 128 else ""),
-            inputs=lambda T=T, w=w, B=B, H=H, D=D, views=views: dict(**qkv(B, H, T, D, T * 100 + w, views), window=w),
-            call=explained, dtype=dtype, atol=TOLERANCE.get(dtype, 1e-12), rtol=TOLERANCE.get(dtype, 0.0) if dtype else 0.0,
-            invariant=EQ4 + ", forward" + (f", in {str(dtype)[6:]} (to {TOLERANCE[dtype]:g})" if dtype else ""),
-            expected=lambda q, k, v, window: orthros.reference_attention(q, k, v, window)))
-    found.append(Case(
-        "blocked_sliding_window_attention(q, k, v, window=4, dropout_p=0.5) right after torch.manual_seed(0), "
-        "q, k, v of shape (2, 3, 9, 4)",
-        inputs=lambda: dict(**qkv(2, 3, 9, 4, 7), window=4, dropout_p=0.5),
-        call=with_dropout, atol=1e-12,
-        invariant="orthros.py's output under the same seed: dropout on the attention weights, the dropout_p passed on "
-                  "to scaled_dot_product_attention (one call over all the blocks, (B*H, n, w, 2w) weights as in hint 2, "
-                  "draws the mask orthros.py's draws)"))
+    for T, w, (B, H, D), dtype, views in [(T, w, (2, 3, 4), None, False) for T, w in SIZES] + MORE:
+        name = f"{dtype}"[6:]
+        yield Case(f"blocked_sliding_window_attention(q, k, v, window={w}), q, k, v of shape ({B}, {H}, {T}, {D})"
+                   + (f", {name}" if dtype else "") + (", transposed views of (B, T, H, D) tensors (not contiguous), as the "
+                                                      "model passes them" if views else "") + (f" {PAPER}" if w == 128 else ""),
+                   inputs=lambda T=T, w=w, B=B, H=H, D=D, views=views: dict(**qkv(B, H, T, D, T * 100 + w, views), window=w),
+                   call=explained, dtype=dtype, atol=TOLERANCE.get(dtype, 1e-12), rtol=TOLERANCE.get(dtype, 0) * (dtype == torch.bfloat16),
+                   invariant=EQ4 + ", forward" + (f", in {name} (to {TOLERANCE[dtype]:g})" if dtype else ""),
+                   expected=lambda q, k, v, window: orthros.reference_attention(q, k, v, window))
+    yield Case("blocked_sliding_window_attention(q, k, v, window=4, dropout_p=0.5) right after torch.manual_seed(0), q, k, v "
+               "of shape (2, 3, 9, 4)", inputs=lambda: dict(**qkv(2, 3, 9, 4, 7), window=4, dropout_p=0.5), call=with_dropout,
+               atol=1e-12, invariant="orthros.py's output under the same seed: dropout on the attention weights, the dropout_p "
+               "passed on to scaled_dot_product_attention (one call over all the blocks, (B*H, n, w, 2w) weights as in hint "
+               "2, draws the mask orthros.py's draws)")
     for T, w in SIZES[2::2]:
-        found.append(Case(
-            f"the gradients of (blocked_sliding_window_attention(q, k, v, window={w}) * dy).sum() with respect to "
-            f"q, k, v, all of shape (2, 3, {T}, 4)",
-            inputs=lambda T=T, w=w: dict(zip(("q", "k", "v", "dy"), (randn(2, 3, T, 4, seed=T * 100 + w + i)
-                                                                     for i in range(4))), window=w),
-            call=lambda answer, q, k, v, dy, window: grads(answer.blocked_sliding_window_attention, q, k, v, dy, window),
-            invariant=EQ4 + ", backward: the same gradients", atol=1e-12,
-            expected=lambda q, k, v, dy, window: grads(orthros.reference_attention, q, k, v, dy, window),
-            output="your gradients"))
+        yield Case(f"the gradients of (blocked_sliding_window_attention(q, k, v, window={w}) * dy).sum() with respect to q, k,"
+                   f" v, all of shape (2, 3, {T}, 4)", inputs=lambda T=T, w=w: dict(**qkv(2, 3, T, 4, T * 100 + w, names="qkvd"),
+                                                                                   window=w), atol=1e-12,
+                   call=lambda answer, window, **qkvd: grads(answer.blocked_sliding_window_attention, window, **qkvd),
+                   invariant=EQ4 + ", backward: the same gradients", output="your gradients",
+                   expected=lambda window, **qkvd: grads(orthros.reference_attention, window, **qkvd))
     for attn in ("swa", "orthros"):
-        model = tiny_model(attn, window=4, swa_impl="blocked")
-        found.append(Case(
-            f"whole-model logits, attn={attn!r}, swa_impl='blocked', T=27, w=4, with yours patched into orthros.py",
-            inputs=lambda model=model: dict(model=model, idx=tokens(2, 27)),
-            call=patched_logits,
-            invariant="the model's logits are unchanged with your function as its sliding window", atol=1e-12,
-            output="the model's logits"))
+        yield Case(f"whole-model logits, attn={attn!r}, swa_impl='blocked', T=27, w=4, with yours patched into orthros.py",
+                   inputs=lambda model=tiny_model(attn, window=4, swa_impl="blocked"): dict(model=model, idx=tokens(2, 27)),
+                   call=patched_logits, atol=1e-12, output="the model's logits",
+                   invariant="the model's logits are unchanged with your function as its sliding window")
     T, w = 4096, 128
-    found.append(Case(
-        f"the largest tensor created during blocked_sliding_window_attention(q, k, v, window={w}), q, k, v of "
-        f"shape (1, 1, {T}, 4)",
-        inputs=lambda: dict(zip("qkv", (randn(1, 1, T, 4, seed=i) for i in range(3))), window=w),
-        call=lambda answer, q, k, v, window: largest_tensor(answer.blocked_sliding_window_attention, q, k, v, window),
-        invariant="O(T w) memory: no intermediate tensor holds more than 8 T w elements (the dense mask: T^2 = 32 T w)",
-        holds=lambda n: None if n <= 8 * T * w else f"your largest tensor holds {n:,} elements = "
-        f"{n / (T * w):.0f} T w; the limit is 8 T w = {8 * T * w:,}", output="the size of your largest tensor"))
-    found.append(Case(
-        "blocked_sliding_window_attention(q, k, v, window=128) on the meta device, q, k, v of shape (2, 6, 300, 128): "
-        "the paper's heads and head size, after the same T and w on the CPU above (nothing made for that call fits here)",
-        inputs=lambda: dict(**{name: torch.empty(2, 6, 300, 128) for name in "qkv"}, window=128),
-        call=lambda answer, q, k, v, window: answer.blocked_sliding_window_attention(q, k, v, window),
-        invariant="the output and everything it needs are made where q is (here: meta, where only shapes exist), its "
-                  "shape (B, H, T, D)",
-        device="meta"))
-    return found
-
-
-def explained(answer, q, k, v, window):
-    """The answer's output; when it is not eq. 4's, which keys its first wrong query row attends."""
-    out = answer.blocked_sliding_window_attention(q, k, v, window)
-    right = orthros.reference_attention(q, k, v, window)
-    atol = TOLERANCE.get(q.dtype, 1e-12)
-    if form_difference(out, right) or out.device.type == "meta":
-        return out   # the framework reports its form
-    problem = differs(out, right, atol)
-    if problem is None:
-        return out
-    raise Wrong(f"{problem}\n  what yours computes: {first_wrong_row(out, q, k, v, window, atol)}")
+    yield Case(f"the largest tensor created during blocked_sliding_window_attention(q, k, v, window={w}), q, k, v of shape "
+               f"(1, 1, {T}, 4)", inputs=lambda: dict(**qkv(1, 1, T, 4, 0), window=w), output="the size of your largest tensor",
+               call=lambda answer, q, k, v, window: largest_tensor(answer.blocked_sliding_window_attention, q, k, v, window),
+               invariant="O(T w) memory: no intermediate tensor holds more than 8 T w elements (the dense mask: T^2 = 32 T w)",
+               holds=lambda n: None if n <= 8 * T * w else f"your largest tensor holds {n:,} elements = {n / (T * w):.0f} T w; "
+                                                           f"the limit is 8 T w = {8 * T * w:,}")
+    yield Case("blocked_sliding_window_attention(q, k, v, window=128) on the meta device, q, k, v of shape (2, 6, 300, 128): "
+               "the paper's heads and head size, after the same T and w on the CPU above (nothing made for that call fits here)",
+               inputs=lambda: dict(**{name: torch.empty(2, 6, 300, 128) for name in "qkv"}, window=128), device="meta",
+               call=lambda answer, q, k, v, window: answer.blocked_sliding_window_attention(q, k, v, window),
+               invariant="the output and everything it needs are made where q is (here: meta, where only shapes exist), its "
+                         "shape (B, H, T, D)")
 
 
 def differs(out, right, atol=1e-12):
     return form_difference(out, right) or value_difference(out, right, atol, atol if out.dtype == torch.bfloat16 else 0.0)
 
 
+def explained(answer, q, k, v, window):
+    """The answer's output; when it is not eq. 4's, which keys its first wrong query row attends."""
+    out, right = answer.blocked_sliding_window_attention(q, k, v, window), orthros.reference_attention(q, k, v, window)
+    problem = not form_difference(out, right) and out.device.type != "meta" and differs(out, right, TOLERANCE.get(q.dtype, 1e-12))
+    if problem:   # (a wrong form: the framework reports it)
+        raise Wrong(f"{problem}\n  what yours computes: {first_wrong_row(out, q, k, v, window, TOLERANCE.get(q.dtype, 1e-12))}")
+    return out
+
+
 def with_dropout(answer, q, k, v, window, dropout_p):
-    """The answer's output with dropout after torch.manual_seed(0); when it is not orthros.py's under the same
-    seed, whether dropout is applied at all, and whether the answer is right without it."""
+    """The answer's output with dropout after torch.manual_seed(0); when it is not orthros.py's under the same seed,
+    whether dropout is applied at all, and whether the answer is right without it."""
     torch.manual_seed(0)
-    out = answer.blocked_sliding_window_attention(q, k, v, window, dropout_p)
+    out, dense = answer.blocked_sliding_window_attention(q, k, v, window, dropout_p), orthros.reference_attention(q, k, v, window)
     if form_difference(out, q):
         return out   # the framework reports its form
-    dense = orthros.reference_attention(q, k, v, window)
     if differs(out, dense) is None:
-        raise Wrong(f"your output with dropout_p={dropout_p} equals the output without dropout: pass dropout_p on "
-                    "to scaled_dot_product_attention")
+        raise Wrong(f"your output with dropout_p={dropout_p} equals the output without dropout: pass dropout_p on to "
+                    "scaled_dot_product_attention")
     torch.manual_seed(0)
-    if differs(out, orthros.blocked_sliding_window_attention(q, k, v, window, dropout_p)) is None:
-        return out
-    try:
-        right_without = differs(answer.blocked_sliding_window_attention(q, k, v, window, 0.0), dense) is None
-    except Exception:
-        right_without = False
-    if right_without:
-        raise Wrong(f"your output without dropout is right; with dropout_p={dropout_p} after torch.manual_seed(0) it is "
-                    "not orthros.py's: one scaled_dot_product_attention over all the blocks at once, its weights "
-                    "(B*H, n, w, 2w) as in hint 2, with dropout_p passed on, draws the same dropout mask (a loop over "
-                    "blocks, or dropout applied elsewhere, draws another)")
+    if differs(out, orthros.blocked_sliding_window_attention(q, k, v, window, dropout_p)) and \
+            differs(answer.blocked_sliding_window_attention(q, k, v, window, 0.0), dense) is None:
+        raise Wrong(f"your output without dropout is right; with dropout_p={dropout_p} after torch.manual_seed(0) it is not "
+                    "orthros.py's: one scaled_dot_product_attention over all the blocks at once, its weights (B*H, n, w, 2w) "
+                    "as in hint 2, with dropout_p passed on, draws the same dropout mask (a loop over blocks, or dropout "
+                    "applied elsewhere, draws another)")
     return out
 
 
 def first_wrong_row(out, q, k, v, window, atol):
-    """Which keys (a run of consecutive ones, perhaps with zero keys: unmasked padding) and which score scale
-    the first wrong query row of out is the attention over, in words."""
+    """Which keys (a run of consecutive ones, perhaps with zero keys: unmasked padding) and which score scale the first
+    wrong query row of out is the attention over, in words."""
     o, q, k, v = (x.detach().double() for x in (out, q, k, v))
     B, H, T, D = q.shape
     err = (o - orthros.reference_attention(q, k, v, window)).abs().nan_to_num(nan=math.inf).amax(dim=(0, 1, 3))
     t = int((err > atol).nonzero()[0])
-    first, row = max(0, t - window + 1), o[:, :, t]
+    first, row, tol = max(0, t - window + 1), o[:, :, t], {torch.float32: 1e-3, torch.bfloat16: 5e-2}.get(out.dtype, 1e-6)
     runs = [(a, e) for e in range(T) for a in range(e + 1)]
     starts, ends = torch.tensor([a for a, _ in runs]), torch.tensor([e for _, e in runs]) + 1
-    tol = {torch.float32: 1e-3, torch.bfloat16: 5e-2}.get(out.dtype, 1e-6)
-    pads = range(window + 1) if T <= 64 else [0]
     for scale, scale_name in ((1 / math.sqrt(D), None), (1.0, "1"), (1 / D, "1/D")):
         scores = (q[:, :, t, None, :] * k).sum(-1) * scale                   # (B, H, T)
         top = scores.amax(-1, keepdim=True)
@@ -260,41 +229,34 @@ def first_wrong_row(out, q, k, v, window, atol):
         num = F.pad((weights[..., None] * v).cumsum(2), (0, 0, 1, 0))        # (B, H, T + 1, D)
         den = F.pad(weights.cumsum(-1), (1, 0))                              # (B, H, T + 1)
         num, den = num[:, :, ends] - num[:, :, starts], den[:, :, ends] - den[:, :, starts]
-        for pad in pads:
-            candidates = num / (den + pad * (-top).exp())[..., None]           # (B, H, runs, D)
-            gap = (candidates - row[:, :, None]).abs().amax(dim=(0, 1, 3))
-            best = int(gap.argmin())
-            if gap[best] > tol:
+        for pad in range(window + 1) if T <= 64 else [0]:
+            gap = (num / (den + pad * (-top).exp())[..., None] - row[:, :, None]).abs().amax(dim=(0, 1, 3))   # (runs,)
+            if gap.min() > tol:
                 continue
-            a, e = runs[best]
+            a, e = runs[int(gap.argmin())]
             if (a, e, pad, scale_name) == (first, t, 0, None):
-                rounding = " (about float32's rounding: is part of it computed in float32?)" \
-                    if out.dtype == torch.float64 and err[t] > 1e-10 else ""
                 return (f"query {t} (your first wrong row) attends the right keys, {a} ... {e}, but differs by up to "
-                        f"{err[t]:.3g}{rounding}")
-            what = f"query {t} (your first wrong row) is the attention over keys {a} ... {e}"
-            what += f" and {pad} zero key(s) (padding left unmasked)" if pad else ""
-            what += f", its scores scaled by {scale_name}, not 1/sqrt(D)" if scale_name else ""
-            return what + f"; eq. 4 with window={window} gives it keys {first} ... {t}"
-    zero = " (it is all zeros)" if not row.abs().max() else ""
-    return (f"query {t} (your first wrong row) is not the attention over any run of consecutive keys{zero}; eq. 4 "
-            f"with window={window} gives it keys {first} ... {t}")
+                        f"{err[t]:.3g}" + (" (about float32's rounding)" if out.dtype == torch.float64 and err[t] > 1e-10 else ""))
+            return (f"query {t} (your first wrong row) is the attention over keys {a} ... {e}" +
+                    (f" and {pad} zero key(s) (padding left unmasked)" if pad else "") +
+                    (f", its scores scaled by {scale_name}, not 1/sqrt(D)" if scale_name else "") +
+                    f"; eq. 4 with window={window} gives it keys {first} ... {t}")
+    return (f"query {t} (your first wrong row) is not the attention over any run of consecutive keys" +
+            (" (it is all zeros)" if not row.abs().max() else "") + f"; eq. 4 with window={window} gives it keys {first} ... {t}")
 
 
-def grads(fn, q, k, v, dy, w):
+def grads(fn, window, q, k, v, d):
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out = fn(q, k, v, w)
-    return list(torch.autograd.grad((out * dy).sum(), (q, k, v)))
+    return list(torch.autograd.grad((fn(q, k, v, window) * d).sum(), (q, k, v)))
 
 
 def patched_logits(answer, model, idx):
-    with patched(orthros, blocked_sliding_window_attention=answer.blocked_sliding_window_attention), torch.no_grad():
+    with mock.patch.object(orthros, "blocked_sliding_window_attention", answer.blocked_sliding_window_attention), torch.no_grad():
         return model(idx)[0]
 
 
 class LargestTensor(TorchDispatchMode):
-    """Records the most elements any tensor made by an operation holds (its storage, so a view
-    costs what it views)."""
+    """Records the most elements any tensor made by an operation holds (its storage: a view costs what it views)."""
 
     def __init__(self):
         super().__init__()
@@ -303,8 +265,7 @@ class LargestTensor(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.untyped_storage().nbytes() // t.element_size())
+            self.largest = max(self.largest, t.untyped_storage().nbytes() // t.element_size() if isinstance(t, torch.Tensor) else 0)
         return out
 
 

@@ -4,12 +4,13 @@ import contextlib
 import copy
 import inspect
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 
 from exercises.framework import Bug, Case, Mutant, Wrong, describe, form_difference, handed_to_blocks, short, tiny_model, tokens
 from exercises.solutions import ex09_decode_step as solution
-from orthros import KVCache, LayerCache, Orthros, OrthrosConfig, rope_cos_sin
+from orthros import KVCache, Orthros, OrthrosConfig, rope_cos_sin
 from perf import engine
 
 TITLE = "The KV-cache decode step"
@@ -26,22 +27,22 @@ FORBIDDEN = {inspect.unwrap(fn): THE_STEP for fn in (
 PAPER = "the paper's widths (n_embd 768, 6 heads, vocab_size 50304, w=128)"
 
 HINTS = [
-    "Decoding is the same forward pass with T = 1 and t_out = 1: one base token and (for Orthros) one "
-    "output token, both at the new position S = cache.length. Each block gets its layer's cache: the "
-    "block appends the base token's key and value to it, so the next step sees this token. Then advance "
-    "cache.length and read the logits from the output twin.",
+    "Decoding is the same forward pass with T = 1 and t_out = 1: one base token and (for Orthros) one output token, "
+    "both at the new position S = cache.length. Each block gets its layer's cache: the block appends the base token's "
+    "key and value to it, so the next step sees this token. Then advance cache.length and read the logits from the "
+    "output twin.",
     "Shapes, step by step (S = cache.length before the step, C = n_embd, D = C / n_head):\n"
     "1. next_idx (B,) or (B, 1) -> embeddings (B, 1, C)\n"
     "2. z: Orthros, the base twin then the output twin, (B, 2, C); the baselines, the base token alone, (B, 1, C)\n"
     "3. RoPE tables for z's rows, every row at position S: (rows, D) each, in the weights' dtype\n"
-    "4. for each layer l: z -> block(z, T=1, rope, that layer's LayerCache) -> z; afterwards "
-    "cache.layers[l].k is (B, H, S + 1, D)\n"
+    "4. for each layer l: z -> block(z, T=1, rope, that layer's LayerCache) -> z; afterwards cache.layers[l].k is (B, "
+    "H, S + 1, D)\n"
     "5. cache.length becomes S + 1; the logits: the final norm and the LM head on z's last row, (B, 1, vocab)\n"
     "6. return (logits, cache)",
-    "Paper, section 3.2, Decoding (T_in = 0, T_out = 1): 'each step processes exactly one generated token "
-    "(T = 1). This single token is duplicated to form the decoupled pair: the base token updates the KV cache "
-    "and computes sliding window attention, while the output-specific token performs full cross-attention "
-    "against the historical cache'. In orthros.py: Orthros.forward with a cache, and Orthros.decode.",
+    "Paper, section 3.2, Decoding (T_in = 0, T_out = 1): 'each step processes exactly one generated token (T = 1). "
+    "This single token is duplicated to form the decoupled pair: the base token updates the KV cache and computes "
+    "sliding window attention, while the output-specific token performs full cross-attention against the historical "
+    "cache'. In orthros.py: Orthros.forward with a cache, and Orthros.decode.",
 ]
 
 
@@ -148,7 +149,7 @@ def cases(**options):
                           "every position so far, and cache.length is the next token's position" +
                           (f" (in {str(dtype)[6:]}, to {TOLERANCE[dtype]:g})" if dtype else ""),
                 atol=TOLERANCE.get(dtype, 1e-10), rtol=TOLERANCE.get(dtype, 0.0) if dtype == torch.bfloat16 else 0.0,
-                expected=training_logits, output="your logits of the decode steps")
+                expected=lambda model, idx, p, column: [model(idx)[0][:, t:t + 1].detach() for t in range(p, T)], output="your logits of the decode steps")
     yield Case(
         f"the cache after prefill(idx[:, :1]) and {T - 1} decode steps: cache.layers[l].k, .v (and .conv_state) for each "
         "layer, then cache.length; attn='orthros', conv_kernel=3", output="your cache's tensors",
@@ -194,7 +195,7 @@ def decoded(answer, model, idx, p, column=False):
             return (f"a layer cache whose conv_state is {short(got, 40)}, not the state cache.layers[{i}].conv_state held "
                     "before this step: the convolution's state (its last k-1 inputs) must carry over from step to step")
     for t in range(p, idx.size(1)):
-        before[0] = snapshot(cache) if explain else None
+        before[0] = copy.deepcopy(cache) if explain else None
         next_idx = idx[:, t:t + 1] if column else idx[:, t]
         with handed_to_blocks(model, idx.size(0), None, 1, "one new token per sequence: z is (B, rows, C), its base "
                               "twin the first row", carried) if explain else contextlib.nullcontext():
@@ -211,98 +212,63 @@ def decoded(answer, model, idx, p, column=False):
     return steps, cache
 
 
-def snapshot(cache):
-    """A copy of a KVCache whose tensors a step cannot change."""
-    copied = copy.copy(cache)
-    copied.layers = []
-    for layer in cache.layers:
-        new = LayerCache()
-        for name, value in vars(layer).items():
-            setattr(new, name, value.clone() if isinstance(value, torch.Tensor) else value)
-        copied.layers.append(new)
-    return copied
-
-
-def reference_step(model, next_idx, cache, shift=0, base=None):
-    """The stored solution's step, or the step with RoPE at another position or base."""
-    x = model.wte(next_idx.reshape(-1, 1))
-    z = torch.cat([x, x], dim=1) if model.config.attn == "orthros" else x
-    position = torch.full((z.size(1),), cache.length + shift, device=x.device)
-    rope = rope_cos_sin(position, model.config.n_embd // model.config.n_head, base or model.config.rope_base,
-                        model.wte.weight.dtype)
-    with torch.no_grad():
-        for block, layer in zip(model.blocks, cache.layers):
-            z = block(z, 1, rope, layer)
-        cache.length += 1
-        return model.lm_head(model.ln_f(z[:, -1:])), cache
+def reference_step(model, next_idx, before, shift=0, base=None):
+    """The cache after the stored solution's step from a copy of `before`, or after that step with RoPE at another
+    position or base."""
+    turned = lambda positions, D, b, dtype: rope_cos_sin(positions + shift, D, base or b, dtype)
+    with mock.patch.object(solution, "rope_cos_sin", turned):
+        return solution.decode_step(model, next_idx, copy.deepcopy(before))[1]
 
 
 def step_problem(model, next_idx, before, logits, cache, right, k):
     """What is wrong with decode step k (logits, cache), from the cache `before` it, in words; None if nothing."""
-    S, atol = before.length, TOLERANCE.get(model.wte.weight.dtype, 1e-10)
-    _, ref = reference_step(model, next_idx, snapshot(before))
+    S, atol, ref = before.length, TOLERANCE.get(model.wte.weight.dtype, 1e-10), reference_step(model, next_idx, before)
     step = f"after your decode step {k} (the token at position {S})"
-    length = getattr(cache, "length", None)
-    if length != S + 1:
-        return f"{step}, cache.length is {short(length)}; it must become {S + 1}, the position of the next token"
+    if getattr(cache, "length", None) != S + 1:
+        return f"{step}, cache.length is {short(getattr(cache, 'length', None))}; it must become {S + 1}, the position of the next token"
     layers = getattr(cache, "layers", None)
     if not isinstance(layers, list) or len(layers) != len(ref.layers):
         return f"{step}, cache.layers is {short(layers, 60)}: expected a list of {len(ref.layers)} LayerCaches"
-    for l, (mine, theirs) in enumerate(zip(layers, ref.layers)):
-        for name in ("k", "v", "conv_state"):
-            expected, got = getattr(theirs, name, None), getattr(mine, name, None)
-            if expected is None:
-                continue
-            where = f"cache.layers[{l}].{name}"
-            if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
-                shape = f"a tensor of shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else short(got, 60)
-                return (f"{step}, {where} is {shape}, expected shape {tuple(expected.shape)}" +
-                        (f" (every position so far: S + 1 = {S + 1})" if name != "conv_state" else ""))
-            err = (got.double() - expected.double()).abs()
-            if err.max() > atol:
-                if name == "conv_state":
-                    return f"{step}, {where} differs from the reference's by up to {err.max():.3g}"
-                position = int((err.amax(dim=(0, 1, 3)) > atol).nonzero()[0])
-                if position < S:
-                    return f"{step}, {where} changed at position {position}: a step appends, it never changes the past"
-                return f"{step}, {new_key(model, next_idx, before, cache, l, name, err.max(), atol)}"
+    for l, name in ((l, name) for l in range(len(layers)) for name in ("k", "v", "conv_state")):
+        expected, got, where = getattr(ref.layers[l], name), getattr(layers[l], name, None), f"cache.layers[{l}].{name}"
+        if expected is None:
+            continue
+        if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+            return (f"{step}, {where} is {short(got, 60) if not isinstance(got, torch.Tensor) else f'a tensor of shape {tuple(got.shape)}'}"
+                    f", expected shape {tuple(expected.shape)}" + (f" (every position so far: S + 1 = {S + 1})" if name != "conv_state" else ""))
+        err = (got.double() - expected.double()).abs()
+        if err.max() > atol and name == "conv_state":
+            return f"{step}, {where} differs from the reference's by up to {err.max():.3g}"
+        if err.max() > atol:
+            position = int((err.amax(dim=(0, 1, 3)) > atol).nonzero()[0])
+            return f"{step}, {where} changed at position {position}: a step appends, it never changes the past" \
+                if position < S else f"{step}, {new_key(model, next_idx, before, cache, l, name, err.max(), atol)}"
     gap = (logits.double() - right.double()).abs().max()
     if gap > atol:
-        return (f"{step}, your cache is right (cache.length and every layer's keys and values), but your logits differ "
-                f"from the training forward's by up to {gap:.3g}: you appended the right keys and values at every "
-                "layer; what is wrong comes after them: for Orthros, z holds the base twin then the output twin, and "
-                "the LM head reads the output twin's row (z[:, -1:], then ln_f, then lm_head)")
+        return (f"{step}, your cache is right (cache.length and every layer's keys and values), but your logits differ from "
+                f"the training forward's by up to {gap:.3g}: you appended the right keys and values at every layer; what is "
+                "wrong comes after them: for Orthros, z holds the base twin then the output twin, and the LM head reads the "
+                "output twin's row (z[:, -1:], then ln_f, then lm_head)")
     return None
 
 
 def new_key(model, next_idx, before, cache, l, name, err, atol):
     """The key (or value) a step appended at layer l is wrong: which RoPE it was made with, if one fits."""
     where = f"the {'key' if name == 'k' else 'value'} your step appended to cache.layers[{l}].{name}"
-    c, dtype = model.config, model.wte.weight.dtype
-    variants = [("RoPE at position S + 1 (S = cache.length)", dict(shift=1)),
-                ("RoPE at position S - 1 (S = cache.length)", dict(shift=-1))]
-    if c.rope_base != 10000.0:
-        variants.append((f"rope_base 10000.0 (config.rope_base is {c.rope_base})", dict(base=10000.0)))
+    variants = [("RoPE at position S + 1 (S = cache.length)", dict(shift=1)), ("RoPE at position S - 1 (S = cache.length)",
+                                                                             dict(shift=-1))]
+    if model.config.rope_base != 10000.0:
+        variants.append((f"rope_base 10000.0 (config.rope_base is {model.config.rope_base})", dict(base=10000.0)))
     for label, how in variants:
-        _, other = reference_step(model, next_idx, snapshot(before), **how)
-        expected, got = getattr(other.layers[l], name), getattr(cache.layers[l], name)
+        expected, got = getattr(reference_step(model, next_idx, before, **how).layers[l], name), getattr(cache.layers[l], name)
         if got.shape == expected.shape and (got.double() - expected.double()).abs().max() <= atol:
             return f"{where} is the one made with {label}"
     hint = (": what enters the first block (the embedding of next_idx, the rows of z) or its RoPE tables (the position "
             "S = cache.length, config.rope_base, head_dim = n_embd // n_head, the weights' dtype)") if l == 0 else \
         ": the layers before it were right"
-    rounding = " (about float32's rounding)" if dtype == torch.float64 and err < 1e-5 else ""
+    rounding = " (about float32's rounding)" if model.wte.weight.dtype == torch.float64 and err < 1e-5 else ""
     return f"{where} differs from the reference's by up to {err:.3g}{rounding}{hint}"
 
 
-def training_logits(model, idx, p, column=False):
-    with torch.no_grad():
-        full = model(idx)[0]
-    return [full[:, t:t + 1] for t in range(p, idx.size(1))]
-
-
 def cache_contents(cache):
-    contents = []
-    for layer in cache.layers:
-        contents += [layer.k, layer.v] + ([layer.conv_state] if getattr(layer, "conv_state", None) is not None else [])
-    return contents + [cache.length]
+    return [t for layer in cache.layers for t in (layer.k, layer.v, layer.conv_state) if t is not None] + [cache.length]
