@@ -95,39 +95,23 @@ SIZES = {"tiny (2 x 16, 2 heads, w=4, V=37)": OrthrosConfig(vocab_size=37, n_lay
 
 
 def cases(**options):
-    found = []
-    calls = []
-    for T in (1, 2, 3, 4, 5, 8, 100):
-        calls += [(T, None, None)] + [(T, w, None) for w in (1, 2, 3, 8)] + \
-                 [(T, None, n_q) for n_q in sorted({1, 2, T // 2, T} & set(range(1, T + 1)))]
-    calls += [(T, 128, None) for T in (127, 128, 129, 300)] + [(300, None, n_q) for n_q in (1, 128, 300)]
-    for T, window, n_q in calls:
-        found.append(Case(
-            f"attended_pairs(T={T}, window={window}, n_q={n_q})" + (" (the paper's window)" if window == 128 else ""),
-            inputs=lambda T=T, window=window, n_q=n_q: dict(T=T, window=window, n_q=n_q),
-            call=lambda answer, T, window, n_q: answer.attended_pairs(T, window, n_q),
-            invariant=pairs_in_words(T, window, n_q), output="your pair count"))
-    for name, cfg in SIZES.items():
-        for attn in ("transformer", "swa", "orthros"):
-            for T, t_out in ((7, 7), (300, 1), (300, 40)):
-                found.append(Case(
-                    f"bench.forward_flops(cfg, T={T}, t_out={t_out}), {attn}, {name}, with your attended_pairs "
-                    "patched into perf/bench.py",
-                    inputs=lambda cfg=dataclasses.replace(cfg, attn=attn), T=T, t_out=t_out: dict(cfg=cfg, T=T, t_out=t_out),
-                    call=patched_forward_flops,
-                    invariant="perf/bench.py's FLOP counts (prefill, SFT, pre-training) are unchanged with your "
-                              "attended_pairs", output="bench.forward_flops's count"))
-    for name, cfg in SIZES.items():
-        for T in (1, 3, 4, 5, 7, 8, 100, 127, 128, 129, 300, 32768, 262144):
-            for attn in ("transformer", "swa", "orthros"):
-                found.append(Case(
-                    f"prefill_flops(cfg, T={T}), {attn}, {name}",
-                    inputs=lambda cfg=dataclasses.replace(cfg, attn=attn), T=T: dict(cfg=cfg, T=T),
-                    call=checked_flops, output="your FLOP count",
-                    invariant="exactly bench.forward_flops(cfg, T, 1): token-wise matrices on every token (Orthros: "
-                              "T + 1), W_K, W_V on the T base tokens, 4C per attended pair, the LM head at one position",
-                    expected=lambda cfg, T: bench.forward_flops(cfg, T, 1)))
-    return found
+    calls = [c for T in (1, 2, 3, 4, 5, 8, 100) for c in [(T, None, None)] + [(T, w, None) for w in (1, 2, 3, 8)] +
+             [(T, None, n_q) for n_q in sorted({1, 2, T // 2, T} & set(range(1, T + 1)))]]
+    yield from [Case(f"attended_pairs(T={T}, window={window}, n_q={n_q})" + (" (the paper's window)" if window == 128 else ""),
+                     inputs=lambda T=T, window=window, n_q=n_q: dict(T=T, window=window, n_q=n_q), output="your pair count",
+                     call=lambda answer, T, window, n_q: answer.attended_pairs(T, window, n_q), invariant=pairs_in_words(T, window, n_q))
+                for T, window, n_q in calls + [(T, 128, None) for T in (127, 128, 129, 300)] + [(300, None, n) for n in (1, 128, 300)]]
+    configs = [(name, dataclasses.replace(cfg, attn=attn)) for name, cfg in SIZES.items() for attn in ("transformer", "swa", "orthros")]
+    yield from [Case(f"bench.forward_flops(cfg, T={T}, t_out={t_out}), {cfg.attn}, {name}, with your attended_pairs patched into "
+                     "perf/bench.py", inputs=lambda cfg=cfg, T=T, t_out=t_out: dict(cfg=cfg, T=T, t_out=t_out),
+                     call=patched_forward_flops, output="bench.forward_flops's count",
+                     invariant="perf/bench.py's FLOP counts (prefill, SFT, pre-training) are unchanged with your attended_pairs")
+                for name, cfg in configs for T, t_out in ((7, 7), (300, 1), (300, 40))]
+    yield from [Case(f"prefill_flops(cfg, T={T}), {cfg.attn}, {name}", inputs=lambda cfg=cfg, T=T: dict(cfg=cfg, T=T),
+                     call=checked_flops, output="your FLOP count", expected=lambda cfg, T: bench.forward_flops(cfg, T, 1),
+                     invariant="exactly bench.forward_flops(cfg, T, 1): token-wise matrices on every token (Orthros: T + 1), W_K, "
+                               "W_V on the T base tokens, 4C per attended pair, the LM head at one position")
+                for name, cfg in configs for T in (1, 3, 4, 5, 7, 8, 100, 127, 128, 129, 300, 32768, 262144)]
 
 
 def pairs_in_words(T, window, n_q):
