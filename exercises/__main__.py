@@ -268,7 +268,7 @@ def new(name):
     for folder, text in files.items():
         (folder / f"{stem}.py").write_text(text.replace("NN", str(n)).replace("STEM", stem))
         print(f"wrote {relpath(folder / f'{stem}.py')}")
-    print(f"Try it: python -m exercises check {n} --solution; then make it yours (exercises/README.md, 'Adding an exercise').")
+    print(f"Try it: python -m exercises check {n} --solution; then make it yours (exercises/README.md, 'For teachers').")
     return 0
 
 

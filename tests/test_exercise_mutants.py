@@ -23,7 +23,7 @@ NO_RUNS = {"runs": {"swa": "/nowhere/swa", "orthros": "/nowhere/orthros"}}
 
 
 def declared(spec, name):
-    assert hasattr(spec, name), f"{spec.__name__} declares no {name}: see exercises/README.md, 'Adding an exercise'"
+    assert hasattr(spec, name), f"{spec.__name__} declares no {name}: see exercises/README.md, 'For teachers'"
     return getattr(spec, name)
 
 

@@ -20,7 +20,7 @@ distance, grouped into buckets ("1-32", "32-64", ...: distances lo <= d < hi, in
 
 The checker runs yours on made-up runs first, then on your two trained runs, compares it with the
 stored solution (live, on the same files), and checks what the lab should show: SWA is near
-chance (1/26) beyond n_layer * window; Orthros answers there.
+chance beyond n_layer * window; Orthros answers there.
 Until both runs exist the check says it is waiting for them. Other run folders:
 python -m exercises check 10 --runs swa=DIR,orthros=DIR
 
