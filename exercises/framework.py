@@ -186,11 +186,19 @@ def as_answer(spec, impl):
     return load_answer(spec, source, f"<{'known bug' if isinstance(impl, Bug) else 'mutant'}: {impl.name}>")
 
 
-@functools.lru_cache(maxsize=None)
 def solved_source(spec):
     """A whole file that solves the exercise, as exercises/mine/ could hold it (`solution N --show`, and what bugs and
     mutants edit): the stored solution's file; or the stub's docstring and imports, the reference's functions, and
     what they need (imported, or a stored solution's helper by its source)."""
+    if spec.__name__ not in SOLVED:
+        SOLVED[spec.__name__] = solved_text(spec)
+    return SOLVED[spec.__name__]
+
+
+SOLVED = {}
+
+
+def solved_text(spec):
     functions = [inspect.unwrap(getattr(spec.REFERENCE, f)) for f in spec.FUNCTIONS]
     if len({fn.__module__ for fn in functions}) == 1 and functions[0].__module__.startswith("exercises.solutions."):
         return inspect.getsource(sys.modules[functions[0].__module__])

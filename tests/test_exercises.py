@@ -93,6 +93,18 @@ def test_stub_does_not_import_what_it_replaces(n):
         assert name not in named or getattr(spec.REFERENCE, name).__module__.startswith("exercises."), name
 
 
+@pytest.mark.parametrize("swa_impl", ["dense", "blocked"])
+def test_exercise_1s_whole_model_cases_alone_catch_a_wrong_predicate(swa_impl):
+    """Every whole-model case of exercise 1 fails an in_window that uses `<=`, with swa_impl dense and blocked alike:
+    orthros.py's window paths all ask the patched predicate."""
+    spec = load_spec(1)
+    cases = [c for c in spec.cases() if "whole-model" in c.what and f"swa_impl={swa_impl!r}" in c.what]
+    for case in cases:
+        one = SimpleNamespace(**{**vars(spec), "cases": lambda case=case, **_: [case]})
+        assert framework.check(one, spec.BUGS[0]).status == "FAIL", case.what
+    assert len(cases) >= 2
+
+
 # -----------------------------------------------------------------------------
 # The checker itself, on a toy exercise: double every entry of x
 
