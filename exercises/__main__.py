@@ -1,36 +1,28 @@
 """The exercises' command line.
 
-    python -m exercises list            the ten exercises, their files and difficulty
+    python -m exercises list            the exercises, their files and difficulty
     python -m exercises start 4         your own copy of exercise 4: exercises/mine/ex04_algorithm1.py
-    python -m exercises check 4         check exercise 4 (your copy once `start 4` made it)
-    python -m exercises check all       check every exercise
+    python -m exercises check 4         check your copy of exercise 4 (check all: every exercise)
     python -m exercises hint 4          the first hint of exercise 4; `hint 4 2` the second, ...
     python -m exercises show mask       the attention pattern of Figure 1, from orthros.py
 
+Your answers live in exercises/mine/ (git ignores it); exercises/stubs/ holds the course's stubs.
 The recall lab (exercise 10) reads two trained runs: --runs swa=DIR,orthros=DIR (or the environment
 variable ORTHROS_RECALL_RUNS), by default out/lab-recall-swa and out/lab-recall-orthros.
 The syllabus, and what the checker refuses: exercises/README.md.
 """
 
 import argparse
+import ast
 import os
+import re
 import shutil
-import signal
 import sys
 import textwrap
+from unittest import mock
 
-
-def interrupted_while_loading(*_):
-    """Ctrl-C while torch loads: one line, and exit at once (os._exit: a SystemExit or KeyboardInterrupt
-    raised inside `import torch` can be swallowed there, or end in a traceback)."""
-    sys.stderr.write("\npython -m exercises: interrupted\n")
-    os._exit(130)
-
-
-signal.signal(signal.SIGINT, interrupted_while_loading)
-from exercises import framework  # noqa: E402  (imports torch)
-from exercises.framework import ORDER, load, load_spec  # noqa: E402
-signal.signal(signal.SIGINT, signal.default_int_handler)   # from here on: main() catches KeyboardInterrupt
+from exercises import framework
+from exercises.framework import EXERCISES, MINE, STUBS, Result, load_spec, relpath
 
 TEACHER_FLAGS = ("--yes-i-am-a-teacher", "--show")
 
@@ -39,7 +31,7 @@ class Parser(argparse.ArgumentParser):
     """argparse, with its errors on one line (no usage block)."""
 
     def error(self, message):
-        message = message.replace(", 'solution'", "")   # a teachers' command: not advertised
+        message = re.sub(r", '(solution|new)'", "", message)   # the teachers' commands: not advertised
         self.exit(2, f"{self.prog}: {message} (see python -m exercises --help)\n")
 
 
@@ -55,14 +47,13 @@ def main(argv=None):
 
 
 def run(argv):
-    parser = Parser(prog="python -m exercises", description=__doc__,
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m exercises", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
     sub.add_parser("list", help="the exercises")
     p = sub.add_parser("start", help="make your own copy of an exercise: N or all")
-    p.add_argument("which", help="1-10, or all")
+    p.add_argument("which", help=f"{numbers()}, or all")
     p = sub.add_parser("check", help="check an exercise: N or all")
-    p.add_argument("which", help="1-10, or all")
+    p.add_argument("which", help=f"{numbers()}, or all")
     p.add_argument("--solution", action="store_true", help=argparse.SUPPRESS)   # teachers: the reference
     p.add_argument("--runs", default=os.environ.get("ORTHROS_RECALL_RUNS"),
                    help="exercise 10: the trained runs, swa=DIR,orthros=DIR")
@@ -73,6 +64,8 @@ def run(argv):
     p.add_argument("n", type=exercise_number)
     for flag in TEACHER_FLAGS:
         p.add_argument(flag, action="store_true", dest="teacher")
+    p = sub.add_parser("new")        # for teachers: a new exercise's three files
+    p.add_argument("name", type=exercise_name)
     p = sub.add_parser("show", help="draw a picture: mask")
     p.add_argument("what", choices=["mask"])
     p.add_argument("--T", type=int, default=16, help="sequence length")
@@ -88,18 +81,35 @@ def run(argv):
         return hint(args.n, args.k)
     if args.command == "solution":
         return solution(args.n, args.teacher)
+    if args.command == "new":
+        return new(args.name)
     if args.command == "show":
         return show(args)
-    which = exercises(args.which, parser, args.command)
+    which = list(EXERCISES) if args.which.lower() == "all" else [number_or_error(args.which, parser, args.command)]
     if args.command == "start":
         return start(which)
     return run_checks(which, args.solution, parse_runs(args.runs, parser))
 
 
+def numbers():
+    """The exercises' numbers in words: "1 to 10", or "1 to 10, 12" with a gap."""
+    runs = []
+    for n in sorted(EXERCISES):
+        runs[-1:] = [[runs[-1][0], n]] if runs and runs[-1][1] == n - 1 else runs[-1:] + [[n, n]]
+    return ", ".join(f"{a} to {b}" if b > a else str(a) for a, b in runs)
+
+
 def exercise_number(text):
-    if not text.isdigit() or not 1 <= int(text) <= len(ORDER):
-        raise argparse.ArgumentTypeError(f"{text!r} is not an exercise: choose one from 1 to {len(ORDER)}")
+    if not text.isdigit() or int(text) not in EXERCISES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an exercise: choose one from {numbers()}")
     return int(text)
+
+
+def number_or_error(text, parser, command):
+    try:
+        return exercise_number(text)
+    except argparse.ArgumentTypeError as e:
+        parser.error(f"{command}: {e}, or all")
 
 
 def hint_number(text):
@@ -108,13 +118,10 @@ def hint_number(text):
     return int(text)
 
 
-def exercises(text, parser, command):
-    if text.lower() == "all":
-        return list(range(1, len(ORDER) + 1))
-    try:
-        return [exercise_number(text)]
-    except argparse.ArgumentTypeError as e:
-        parser.error(f"{command}: {e}, or all")
+def exercise_name(text):
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a name for an exercise: lower-case letters, digits and _")
+    return text
 
 
 def parse_runs(text, parser):
@@ -128,32 +135,39 @@ def parse_runs(text, parser):
 
 def list_exercises():
     print(f"{'#':>2}  {'exercise':<36} {'kind':<17} {'difficulty':<10} {'minutes':>7}  your file")
-    for n, name in enumerate(ORDER, start=1):
+    for n, name in EXERCISES.items():
         spec = load_spec(n)
-        path = framework.answer_file(n)
-        mine = framework.relpath(path) if path.parent == framework.MINE else f"(python -m exercises start {n})"
-        print(f"{n:>2}  {spec.TITLE:<36} {framework.kind(spec):<17} {'*' * spec.DIFFICULTY:<10} {spec.MINUTES:>7}  {mine}")
+        mine = MINE / f"{name}.py"
+        where = relpath(mine) if mine.is_file() else f"(python -m exercises start {n})"
+        print(f"{n:>2}  {spec.TITLE:<36} {kind(spec):<17} {'*' * spec.DIFFICULTY:<10} {spec.MINUTES:>7}  {where}")
     print("\npython -m exercises start N makes your copy; check N checks it; hint N gives a hint. "
           "The syllabus: exercises/README.md")
+    return 0
+
+
+def kind(spec):
+    """"replace" when the reference is the repo's own function, "build" when it is a stored solution."""
+    modules = [getattr(spec.REFERENCE, f).__module__ for f in spec.FUNCTIONS]
+    return " + ".join(dict.fromkeys("build" if m.startswith("exercises") else "replace" for m in modules))
 
 
 def start(which):
-    framework.MINE.mkdir(parents=True, exist_ok=True)
+    MINE.mkdir(parents=True, exist_ok=True)
     made = 0
     for n in which:
-        stub, mine = framework.STUBS / f"{ORDER[n - 1]}.py", framework.MINE / f"{ORDER[n - 1]}.py"
+        stub, mine = STUBS / f"{EXERCISES[n]}.py", MINE / f"{EXERCISES[n]}.py"
         if mine.exists():
             if len(which) == 1:
-                print(f"python -m exercises: {framework.relpath(mine)} exists already: edit it (delete it to start "
-                      "over)", file=sys.stderr)
+                print(f"python -m exercises: {relpath(mine)} exists already: edit it (delete it to start over)",
+                      file=sys.stderr)
                 return 1
             continue
         shutil.copyfile(stub, mine)
         made += 1
-        print(f"exercise {n}: wrote {framework.relpath(mine)}. Open it, read its docstring, write the function(s), "
+        print(f"exercise {n}: wrote {relpath(mine)}. Open it, read its docstring, write the function(s), "
               f"then: python -m exercises check {n}")
     if len(which) > 1:
-        print(f"{made} new file(s) in {framework.relpath(framework.MINE)}/ (the others were there already)")
+        print(f"{made} new file(s) in {relpath(MINE)}/ (the others were there already)")
     return 0
 
 
@@ -171,12 +185,12 @@ def hint(n, k):
 
 def solution(n, teacher):
     if not teacher:
-        print(f"A student learns more from `python -m exercises hint {n} 2` (the shapes or pseudocode) than "
-              f"from the answer. Teachers: python -m exercises solution {n} --show", file=sys.stderr)
+        print(f"A student learns more from `python -m exercises hint {n} 2` (the shapes or pseudocode) than from the "
+              f"answer. Teachers: python -m exercises solution {n} --show", file=sys.stderr)
         return 1
-    print(f"# Exercise {n}, {load_spec(n).TITLE}: the reference solution as a whole file "
-          f"(what exercises/mine/{ORDER[n - 1]}.py could hold)\n")
-    print(framework.solved_source(n))
+    print(f"# Exercise {n}, {load_spec(n).TITLE}: the reference solution as a whole file (what "
+          f"exercises/mine/{EXERCISES[n]}.py could hold)\n")
+    print(framework.solved_source(load_spec(n)))
     return 0
 
 
@@ -187,32 +201,40 @@ def show(args):
         os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
     if not args.mine:
         return show_mask(args.T, args.w, args.t_out, png)
-    _, mine = load(1)
-    if mine.problem or not mine.started:
-        print(f"python -m exercises: {mine.problem or 'exercise 1 is not started: python -m exercises start 1'}",
+    spec, path = load_spec(1), MINE / f"{EXERCISES[1]}.py"
+    mine = framework.load_answer(spec, path.read_text(), path) if path.is_file() else None
+    if mine is None or mine.problem or not mine.started:
+        print(f"python -m exercises: {mine and mine.problem or 'exercise 1 is not started: python -m exercises start 1'}",
               file=sys.stderr)
         return 1
-    print(f"With YOUR in_window and attention_mask ({framework.relpath(mine.path)}):\n")
-    with framework.patched(framework.orthros, in_window=mine.in_window, attention_mask=mine.attention_mask):
+    print(f"With YOUR in_window and attention_mask ({relpath(path)}):\n")
+    with mock.patch.multiple(framework.orthros, in_window=mine.functions["in_window"],
+                           attention_mask=mine.functions["attention_mask"]):
         try:
             return show_mask(args.T, args.w, args.t_out, png)
         except NotImplementedError:
-            print("python -m exercises: exercise 1 is not finished: write in_window and attention_mask first",
-                  file=sys.stderr)
+            print("python -m exercises: exercise 1 is not finished: write in_window and attention_mask first", file=sys.stderr)
             return 1
 
 
 def run_checks(which, use_solution, runs):
     counts = {}
     for n in which:
-        spec, answer = load(n, solution=use_solution)
-        result = framework.check(spec, answer, runs=runs)
-        where = "the reference" if use_solution else framework.relpath(answer.path)
+        spec, mine = load_spec(n), MINE / f"{EXERCISES[n]}.py"
+        if use_solution:
+            result, where = framework.check(spec, spec.REFERENCE, runs=runs), "the reference"
+        elif mine.is_file():
+            result, where = framework.check(spec, framework.load_answer(spec, mine.read_text(), mine), runs=runs), relpath(mine)
+        else:
+            result, where = Result("not started", f"not started: you have no {relpath(mine)} yet. `python -m exercises start "
+                                                  f"{n}` copies the stub there; open it, read its docstring, and write it."), "-"
         print(f"exercise {n}, {spec.TITLE} ({where}): {result.status}  ({result.seconds:.2f} s)"
               + (f"\n{result.message}" if result.message else ""))
+        for line in [] if use_solution else in_place(n, spec):
+            print(line)
         if result.status == "FAIL":
             print(f"  Stuck? python -m exercises hint {n}")
-        counts[result.status] = counts.get(result.status, []) + [n]
+        counts.setdefault(result.status, []).append(n)
         if len(which) > 1:
             print()
     if len(which) > 1:
@@ -220,6 +242,95 @@ def run_checks(which, use_solution, runs):
                            for status, ns in counts.items() if status != "PASS")
         print(f"{len(counts.get('PASS', []))} of {len(which)} PASS" + (f"; {others}" if others else ""))
     return 0 if set(counts) <= {"PASS", "waiting"} else 1
+
+
+def in_place(n, spec):
+    """A line for each answer written where `check` does not read it: in-place work is not offered."""
+    name = EXERCISES[n]
+    old, stub = framework.HERE / f"{name}.py", STUBS / f"{name}.py"
+    bodies = [node.body[-1] for node in ast.parse(stub.read_text()).body
+              if isinstance(node, ast.FunctionDef) and node.name in spec.FUNCTIONS]
+    edited = any(not (isinstance(b, ast.Raise) and ast.unparse(b) == "raise NotImplementedError") for b in bodies)
+    mine = relpath(MINE / f"{name}.py")
+    return [f"NOTE: {relpath(path)} is not checked: check reads only your copy, {mine} (python -m exercises start {n} "
+            "makes it; move your work there" + (", then `git checkout` the stub" if path == stub else "") + ")"
+            for path, found in ((old, old.exists()), (stub, edited)) if found]
+
+
+def new(name):
+    """Write a new exercise's three files (the next number), a small complete exercise to change into yours."""
+    n = max(EXERCISES) + 1
+    stem = f"ex{n:02d}_{name}"
+    files = {framework.STUBS: STUB, framework.HERE / "solutions": SOLUTION, framework.CHECKS: CHECKER}
+    if any((folder / f"{stem}.py").exists() for folder in files):
+        print(f"python -m exercises: exercise {n} ({stem}) exists already", file=sys.stderr)
+        return 1
+    for folder, text in files.items():
+        (folder / f"{stem}.py").write_text(text.replace("NN", str(n)).replace("STEM", stem))
+        print(f"wrote {relpath(folder / f'{stem}.py')}")
+    print(f"Try it: python -m exercises check {n} --solution; then make it yours (exercises/README.md, 'For teachers').")
+    return 0
+
+
+STUB = '''"""Exercise NN: the output positions. Which positions carry an output token?
+
+Orthros predicts the next token at the last t_out of the T positions of a sequence: each of them gets
+an output token, its twin (the paper's section 3.2). Write the list of those positions.
+
+    python -m exercises start NN       python -m exercises check NN       python -m exercises hint NN
+"""
+
+
+def output_positions(T, t_out):
+    """The positions (a list of ints, in order) whose next token is predicted, for 1 <= t_out <= T."""
+    raise NotImplementedError
+'''
+
+SOLUTION = '''"""Exercise NN, the stored solution: the output positions."""
+
+
+def output_positions(T, t_out):
+    """The positions (a list of ints, in order) whose next token is predicted, for 1 <= t_out <= T."""
+    return list(range(T - t_out, T))   # the last t_out positions
+'''
+
+CHECKER = '''"""Exercise NN, the output positions: the checker."""
+
+from types import SimpleNamespace
+
+from exercises.framework import Bug, Case, Mutant
+from exercises.solutions import STEM as solution
+
+TITLE = "The output positions"
+DIFFICULTY = 1
+MINUTES = 10
+TEACHES = "the output tokens are the twins of the last t_out positions"
+FUNCTIONS = ("output_positions",)
+REFERENCE = SimpleNamespace(output_positions=solution.output_positions)
+PAPER = "T=2048"
+HINTS = ["The output positions are a suffix of the sequence: the last t_out of its T positions.",
+         "Positions count from 0: the last one is T - 1, the first of the last t_out is T - t_out.",
+         "Paper, section 3.2: SFT has T_in = T - T_out; the output-specific tokens are the last T_out."]
+
+BUGS = [Bug("the first t_out positions", "the output tokens are the twins of the LAST t_out positions, whose next tokens "
+            "are predicted.", {"range(T - t_out, T)": "range(t_out)"})]
+MUTANTS = [
+    Mutant("the stored solution imported", "is not available to your code",
+           source="from exercises.solutions.STEM import output_positions\\n"),
+    Mutant("one position too many", "are a list of 2 items", {"range(T - t_out, T)": "range(T - t_out - 1, T)"}),
+    Mutant("a range, not a list", "are a range", {"list(range(T - t_out, T))": "range(T - t_out, T)"}),
+    Mutant("counted from 1", "yours", {"range(T - t_out, T)": "range(T - t_out + 1, T + 1)"}),
+    Mutant("the positions in reverse", "at item 0", {"list(range(T - t_out, T))": "list(range(T - 1, T - t_out - 1, -1))"}),
+]
+ALSO_RIGHT = "def output_positions(T, t_out):\\n    return [T - t_out + i for i in range(t_out)]\\n"
+
+
+def cases(**options):
+    return [Case(f"output_positions(T={T}, t_out={t_out})", inputs=lambda T=T, t_out=t_out: dict(T=T, t_out=t_out),
+                 call=lambda answer, T, t_out: answer.output_positions(T, t_out), output="your positions",
+                 invariant="the last t_out of the T positions, T - t_out ... T - 1, in order")
+            for T, t_out in [(1, 1), (5, 1), (5, 3), (5, 5), (2048, 300)]]
+'''
 
 
 if __name__ == "__main__":

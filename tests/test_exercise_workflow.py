@@ -1,8 +1,8 @@
 """
-A student's workflow with the exercises: `python -m exercises start N` copies the stub into
-exercises/mine/ (git-ignored), `check N` checks that copy (or, without one, the stub, which says how
-to start), and the test suite stays green whatever the student's files hold: the tests read the
-stubs as committed.
+A student's workflow with the exercises: `python -m exercises start N` copies the stub (exercises/stubs/, its one
+home) into exercises/mine/ (git-ignored), `check N` checks that copy, and says so when an answer was written in place
+instead (in-place work is not offered); a teacher's `new NAME` writes an exercise's three files. And the exercise
+tests stay green whatever the student's files hold, committed or not, with a new exercise added by its three files.
 
     python -m pytest -q tests/test_exercise_workflow.py
 """
@@ -15,96 +15,125 @@ from pathlib import Path
 
 import pytest
 
+import exercises.__main__ as cli
 from exercises import framework
 from exercises.__main__ import main
+from exercises.framework import EXERCISES, load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def classroom(tmp_path, monkeypatch):
-    """The exercises as a student gets them: the committed stubs, and no exercises/mine/ yet."""
-    stubs, mine = tmp_path / "exercises", tmp_path / "exercises" / "mine"
-    stubs.mkdir()
-    for n, name in enumerate(framework.ORDER, start=1):
-        (stubs / f"{name}.py").write_text(framework.committed_stub(n))
-    monkeypatch.setattr(framework, "STUBS", stubs)
-    monkeypatch.setattr(framework, "MINE", mine)
-    return stubs, mine
+def mine(tmp_path, monkeypatch):
+    """The student's folder, empty: exercises/mine/ of a class that has not started."""
+    monkeypatch.setattr(framework, "MINE", tmp_path / "mine")
+    monkeypatch.setattr(cli, "MINE", tmp_path / "mine")
+    return tmp_path / "mine"
 
 
-def test_start_copies_the_stub_and_check_reads_the_copy(classroom, capsys):
-    """`start 2` writes exercises/mine/ex02_*.py from the stub; `check 2` then checks that file: "not
-    started" while it is the stub, PASS once it holds a solution; a second `start 2` refuses in one line."""
-    stubs, mine = classroom
+def test_start_copies_the_stub_and_check_reads_the_copy(mine, capsys):
+    """`start 2` writes exercises/mine/ex02_*.py from the stub; `check 2` then checks that file: "not started" while it
+    is the stub, PASS once it holds a solution; a second `start 2` refuses in one line."""
     assert main(["start", "2"]) == 0
-    copy = mine / "ex02_two_streams.py"
-    assert copy.read_text() == (stubs / "ex02_two_streams.py").read_text()
-    assert main(["check", "2"]) == 1
-    out = capsys.readouterr().out
-    assert "ex02_two_streams.py): not started" in out and "mine" in out
-    copy.write_text(framework.solved_source(2))
+    copy = mine / f"{EXERCISES[2]}.py"
+    assert copy.read_text() == framework.stub_source(load_spec(2))
+    assert main(["check", "2"]) == 1 and "not started" in capsys.readouterr().out
+    copy.write_text(framework.solved_source(load_spec(2)))
     assert main(["check", "2"]) == 0 and ": PASS" in capsys.readouterr().out
-    assert main(["start", "2"]) == 1
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "exists already" in err
-    assert (stubs / "ex02_two_streams.py").read_text() == framework.committed_stub(2)   # the stub untouched
+    assert main(["start", "2"]) == 1 and "exists already" in capsys.readouterr().err
 
 
-def test_check_without_a_copy_reads_the_stub_and_says_how_to_start(classroom, capsys):
-    """Before `start`, `check 1` checks the stub itself (a student may also edit it in place): "not started",
-    with the command that makes the student's own copy."""
+def test_check_without_a_copy_says_how_to_start(mine, capsys):
+    """Before `start`, `check 1` says "not started", with the command that makes the student's copy."""
     assert main(["check", "1"]) == 1
     out = capsys.readouterr().out
     assert "not started" in out and "python -m exercises start 1" in out
 
 
-def test_start_all_makes_every_copy_once(classroom, capsys):
+def test_start_all_makes_every_copy_once(mine):
     """`start all` copies every stub not copied yet, and leaves the others alone."""
-    stubs, mine = classroom
     mine.mkdir()
-    (mine / "ex01_window_mask.py").write_text("# my work\n")
+    (mine / f"{EXERCISES[1]}.py").write_text("# my work\n")
     assert main(["start", "all"]) == 0
-    assert (mine / "ex01_window_mask.py").read_text() == "# my work\n"
-    assert sorted(p.name for p in mine.glob("*.py")) == sorted(f"{name}.py" for name in framework.ORDER)
+    assert (mine / f"{EXERCISES[1]}.py").read_text() == "# my work\n"
+    assert sorted(p.stem for p in mine.glob("*.py")) == sorted(EXERCISES.values())
+
+
+@pytest.mark.parametrize("where", ["beside the stubs", "in the stub"])
+def test_an_answer_written_in_place_is_not_checked_and_check_says_so(mine, tmp_path, monkeypatch, capsys, where):
+    """An answer in exercises/exNN_*.py, or written into the stub itself, is not what `check` reads: it says so in a line."""
+    spec, stubs = load_spec(4), tmp_path / "stubs"
+    shutil.copytree(framework.STUBS, stubs)
+    monkeypatch.setattr(framework, "HERE", tmp_path)
+    monkeypatch.setattr(cli, "STUBS", stubs)
+    (tmp_path / f"{EXERCISES[4]}.py" if where == "beside the stubs" else stubs / f"{EXERCISES[4]}.py").write_text(
+        framework.solved_source(spec))
+    assert main(["check", "4"]) == 1
+    note = [line for line in capsys.readouterr().out.splitlines() if line.startswith("NOTE:")]
+    assert len(note) == 1 and "is not checked" in note[0] and f"mine/{EXERCISES[4]}.py" in note[0], note
 
 
 def test_exercises_mine_is_ignored_by_git():
     """exercises/mine/ is git-ignored: a student's answers never show up as changes to commit."""
-    ignored = subprocess.run(["git", "check-ignore", "-q", "exercises/mine/ex01_window_mask.py"], cwd=REPO)
-    assert ignored.returncode == 0
+    assert subprocess.run(["git", "check-ignore", "-q", "exercises/mine/ex01_window_mask.py"], cwd=REPO).returncode == 0
 
 
-def copy_of_the_repository(root):
-    """The working tree's files (tracked and not ignored) in root, committed there as HEAD."""
+def test_new_writes_an_exercises_three_files(tmp_path, monkeypatch, capsys):
+    """`new NAME` writes the stub, the stored solution and the checker of exercise max + 1, and nothing else."""
+    for name in ("STUBS", "CHECKS", "HERE"):
+        monkeypatch.setattr(framework, name, tmp_path / name.lower())
+        (tmp_path / name.lower() / ("solutions" if name == "HERE" else "")).mkdir(parents=True, exist_ok=True)
+    assert main(["new", "idle_stream"]) == 0
+    stem = f"ex{max(EXERCISES) + 1:02d}_idle_stream.py"
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.py")) == \
+        sorted([f"checks/{stem}", f"here/solutions/{stem}", f"stubs/{stem}"])
+
+
+def copy_of_the_repository(root, commit_all):
+    """The working tree's files in root, committed there; then every exercise solved both in exercises/mine/ (one
+    half-finished: it raises) and in place, in exercises/exNN_*.py; a twelfth exercise written as its three files alone
+    (the template `new` writes); with commit_all, all of it committed (`git commit -am "my answers"`)."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                             capture_output=True, text=True, check=True).stdout.split("\0")
-    for name in filter(None, listed):
-        if (REPO / name).is_file():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, root / name)
+    for name in filter(lambda name: name and (REPO / name).is_file(), listed):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, root / name)
     git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "commit.gpgsign=false"]
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
-    subprocess.run(git + ["commit", "-q", "-m", "the exercises as the class got them"], cwd=root, check=True)
-
-
-def test_solved_exercises_leave_the_exercise_tests_green(tmp_path):
-    """With every exercise solved, both in exercises/mine/ and edited in place in exercises/exNN_*.py, the
-    exercise tests that read the student's files (stubs, command line) still pass, and `check` reads the
-    student's copy."""
-    root = tmp_path / "repo"
-    copy_of_the_repository(root)
+    subprocess.run(git + ["add", "-A"], cwd=root, check=True)
+    subprocess.run(git + ["commit", "-qm", "the exercises as the class got them"], cwd=root, check=True)
     (root / "exercises" / "mine").mkdir()
-    for n, name in enumerate(framework.ORDER, start=1):
-        solved = framework.solved_source(n)
-        (root / "exercises" / "mine" / f"{name}.py").write_text(solved)
+    for n, name in EXERCISES.items():
+        solved = framework.solved_source(load_spec(n))
         (root / "exercises" / f"{name}.py").write_text(solved)
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_exercises.py",
-                            "-k", "stub or command_line"], cwd=root, env=env, capture_output=True, text=True)
-    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-3000:]
-    assert " passed" in tests.stdout and "failed" not in tests.stdout
-    checked = subprocess.run([sys.executable, "-m", "exercises", "check", "4"], cwd=root, env=env,
-                             capture_output=True, text=True)
-    assert checked.returncode == 0 and "(exercises/mine/ex04_algorithm1.py): PASS" in checked.stdout, checked.stdout
+        (root / "exercises" / "mine" / f"{name}.py").write_text(solved.replace("    return ", "    1 / 0\n    return ", 1) if n == 3 else solved)
+    for folder, text in (("stubs", cli.STUB), ("solutions", cli.SOLUTION), ("checks", cli.CHECKER)):
+        (root / "exercises" / folder / "ex12_tiny_lab.py").write_text(text.replace("NN", "12").replace("STEM", "ex12_tiny_lab"))
+    if commit_all:
+        subprocess.run(git + ["add", "-A"], cwd=root, check=True)
+        subprocess.run(git + ["commit", "-qm", "my answers"], cwd=root, check=True)
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root, capture_output=True,
+                             text=True, check=True).stdout.split()
+    return sorted(set(changed) - {"??"})
+
+
+def test_the_exercise_tests_stay_green_in_a_copy_with_solutions_in_place_and_a_twelfth_exercise(tmp_path):
+    """In a copy of the repository with every exercise solved in place and in exercises/mine/, uncommitted and again
+    committed, and a twelfth exercise added by its three files alone: the exercise tests that read the files a student
+    may touch (the stubs, the command line) pass, and the twelfth exercise is listed, checked and its mutants caught."""
+    runs = {}
+    for committed in (False, True):
+        root = tmp_path / f"committed={committed}"
+        changed = copy_of_the_repository(root, committed)
+        assert changed == ([] if committed else sorted([f"exercises/{f}/ex12_tiny_lab.py" for f in ("checks", "solutions", "stubs")]
+                                                       + [f"exercises/{name}.py" for name in EXERCISES.values()]))
+        runs[committed] = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_exercises.py",
+             "tests/test_exercise_mutants.py", "-k",
+             "stub or command_line or syllabus or ex12"],
+            cwd=root, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True)
+    for committed, run in runs.items():
+        out = run.communicate(timeout=600)[0]
+        assert run.returncode == 0, f"committed={committed}:\n{out[-4000:]}"
+        assert "exercise 12: 5 of 5 mutants caught" in out, out[-2000:]

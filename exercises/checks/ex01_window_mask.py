@@ -1,11 +1,12 @@
-"""Exercise 1, the window mask: the checker, hints and known bugs. The solution is orthros.py's own."""
+"""Exercise 1, the window mask: the checker. The solution is orthros.py's own in_window and attention_mask."""
 
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 
 import orthros
-from exercises.framework import Bug, Case, Mutant, patched, tiny_model, tokens, variant
+from exercises.framework import Bug, Case, Mutant, describe, tiny_model, tokens
 
 TITLE = "The window mask"
 DIFFICULTY = 1
@@ -13,254 +14,188 @@ MINUTES = 20
 TEACHES = "eq. 4's exact boundary (key t-w+1 seen, t-w not); bottom-right alignment; one predicate behind every path"
 FUNCTIONS = ("in_window", "attention_mask")
 REFERENCE = SimpleNamespace(in_window=orthros.in_window, attention_mask=orthros.attention_mask)
-RETURNS = {"in_window": "mask", "attention_mask": "mask"}
+PAPER = "the paper's window, T=300"
 
 HINTS = [
-    "Two conditions, combined with &: the key is not in the future (k_pos <= q_pos), and, when there "
-    "is a window, it is one of the w most recent positions. Query t sees keys t-w+1 ... t: that is "
-    "w keys, so t - j ranges over 0 ... w-1.",
-    "in_window: a causal test, and with a window also a test on the distance q_pos - k_pos (0 for the "
-    "query's own key, w-1 for the oldest key it sees); both are element-wise comparisons that "
-    "broadcast (n_q, 1) against (1, n_k) to (n_q, n_k).\n"
-    "attention_mask: the query positions are the LAST n_q of the n_k positions, n_k-n_q ... n_k-1, as a "
-    "column (n_q, 1); the key positions 0 ... n_k-1 as a row (1, n_k); build both on `device`, then one "
-    "call to in_window. (torch.tril, and SDPA's is_causal=True, align top-left: wrong when n_q < n_k.)",
-    "Paper, section 3.1, eq. 4: o_t = sum over j = max(1, t-w+1) ... t of softmax(q_t k_j / sqrt(d)) v_j; "
-    "eq. 5, the output tokens' cross-attention: j = 1 ... t. Algorithm 1, lines 8-9: "
-    "Flash-Attn(Q, K, V, window_size=W) and window_size=inf.",
+    "Two conditions, combined with &: the key is not in the future (k_pos <= q_pos), and, when there is a window, it "
+    "is one of the w most recent positions. Query t sees keys t-w+1 ... t: that is w keys, so t - j ranges over 0 ... "
+    "w-1.",
+    "in_window: a causal test, and with a window also a test on the distance q_pos - k_pos (0 for the query's own key,"
+    " w-1 for the oldest key it sees); both are element-wise comparisons that broadcast (n_q, 1) against (1, n_k) to "
+    "(n_q, n_k).\n"
+    "attention_mask: the query positions are the LAST n_q of the n_k positions, n_k-n_q ... n_k-1, as a column (n_q, "
+    "1); the key positions 0 ... n_k-1 as a row (1, n_k); build both on `device`, then one call to in_window. "
+    "(torch.tril, and SDPA's is_causal=True, align top-left: wrong when n_q < n_k.)",
+    "Paper, section 3.1, eq. 4: o_t = sum over j = max(1, t-w+1) ... t of softmax(q_t k_j / sqrt(d)) v_j; eq. 5, the "
+    "output tokens' cross-attention: j = 1 ... t. Algorithm 1, lines 8-9: Flash-Attn(Q, K, V, window_size=W) and "
+    "window_size=inf.",
 ]
 
-
-# -- Known bugs: orthros.py's two functions, each with one classic mistake ---------------------
-
-def mask_from(predicate, top_left=False):
-    def attention_mask(n_q, n_k, window=None, device=None):
-        start = 0 if top_left else n_k - n_q                       # top_left: the mistake
-        q_pos = torch.arange(start, start + n_q, device=device)[:, None]
-        k_pos = torch.arange(n_k, device=device)[None, :]
-        return predicate(q_pos, k_pos, window)
-    return attention_mask
-
-
-def in_window_le(q_pos, k_pos, window):
-    causal = k_pos <= q_pos
-    return causal if window is None else causal & (q_pos - k_pos <= window)  # <= : w+1 keys
-
-
-def in_window_two_sided(q_pos, k_pos, window):
-    causal = k_pos <= q_pos
-    return causal if window is None else (q_pos - k_pos).abs() < window      # forgets causality
-
-
+WINDOWED = "causal & (q_pos - k_pos < window)"
+QUERIES = "torch.arange(n_k - n_q, n_k, device=device)"
+KEYS = "torch.arange(n_k, device=device)"
 BUGS = [
     Bug("`<=` in the window", "q_pos - k_pos <= w lets query t see key t-w too: w+1 keys, one more than eq. 4.",
-        SimpleNamespace(in_window=in_window_le, attention_mask=mask_from(in_window_le))),
+        {WINDOWED: "causal & (q_pos - k_pos <= window)"}),
     Bug("a two-sided window", "|q_pos - k_pos| < w lets a query see the next w-1 keys: the future leaks in.",
-        SimpleNamespace(in_window=in_window_two_sided, attention_mask=mask_from(in_window_two_sided))),
-    Bug("top-left alignment", "the queries were placed at positions 0 ... n_q-1 (like torch.tril or SDPA's "
-        "is_causal) instead of the last n_q positions: an output token or a decoded token loses its recent keys.",
-        variant(REFERENCE, attention_mask=mask_from(orthros.in_window, top_left=True))),
+        {WINDOWED: "(q_pos - k_pos).abs() < window"}),
+    Bug("top-left alignment", "the queries were placed at positions 0 ... n_q-1 (like torch.tril or SDPA's is_causal) "
+        "instead of the last n_q positions: an output token or a decoded token loses its recent keys.",
+        {QUERIES: "torch.arange(n_q, device=device)"}),
+    Bug("the distance aliased and written in place", "`distance = q_pos` names the caller's tensor, so `distance -= "
+        "k_pos` writes into q_pos (and fails when the positions broadcast to a larger shape): write distance = q_pos - k_pos.",
+        {"    causal = k_pos <= q_pos": "    distance = q_pos\n    distance -= k_pos\n    causal = k_pos <= q_pos",
+         WINDOWED: "causal & (distance < window)"}),
 ]
-
-
-# -- Further wrong answers the checker must reject --------------------------------------------
-
-def student_file(in_window_body, mask_body=None):
-    """A whole student file: in_window with this body, attention_mask with this body (default: the
-    right one, built on `device` from in_window)."""
-    mask_body = mask_body or ("q_pos = torch.arange(n_k - n_q, n_k, device=device)[:, None]\n"
-                              "k_pos = torch.arange(n_k, device=device)[None, :]\n"
-                              "return in_window(q_pos, k_pos, window)")
-    indent = lambda body: "".join(f"    {line}\n" for line in body.splitlines())
-    return ("import torch\n\n\ndef in_window(q_pos, k_pos, window):\n" + indent(in_window_body) +
-            "\n\ndef attention_mask(n_q, n_k, window=None, device=None):\n" + indent(mask_body))
-
-
-RIGHT_PREDICATE = "causal = k_pos <= q_pos\nreturn causal if window is None else causal & (q_pos - k_pos < window)"
-
-
-def mask_ignoring_device(n_q, n_k, window=None, device=None):
-    q_pos = torch.arange(n_k - n_q, n_k)[:, None]                  # built on the default device
-    return orthros.in_window(q_pos, torch.arange(n_k)[None, :], window)
-
 
 MUTANTS = [
-    Mutant("the reference imported", source="from orthros import in_window, attention_mask\n",
-           expect="holds orthros.in_window"),
-    Mutant("the device argument ignored", variant(REFERENCE, attention_mask=mask_ignoring_device),
-           expect="your mask is on meta, expected cpu"),
-    Mutant("the distance in int8", source=student_file(
-        "distance = (q_pos - k_pos).to(torch.int8)   # positions are small, 8 bits will do\n"
-        "causal = k_pos <= q_pos\nreturn causal if window is None else causal & (distance < window)"),
-        expect="the paper's window, T=300"),
-    Mutant("the distance clamped at 100", source=student_file(
-        "distance = (q_pos - k_pos).clamp(max=100)   # far keys are all alike\n"
-        "causal = k_pos <= q_pos\nreturn causal if window is None else causal & (distance < window)"),
-        expect="outside the window, w = 128"),
-    Mutant("the mask always built on the CPU", source=student_file(RIGHT_PREDICATE, (
-        "q_pos = torch.arange(n_k - n_q, n_k, device='cpu')[:, None]\n"
-        "k_pos = torch.arange(n_k, device='cpu')[None, :]\nreturn in_window(q_pos, k_pos, window)")),
-        expect="your mask is on cpu, expected meta"),
-    Mutant("device=None taken as the CPU", source=student_file(RIGHT_PREDICATE, (
-        "device = device or 'cpu'\nq_pos = torch.arange(n_k - n_q, n_k, device=device)[:, None]\n"
-        "k_pos = torch.arange(n_k, device=device)[None, :]\nreturn in_window(q_pos, k_pos, window)")),
-        expect="the default device"),
-    Mutant("the positions reshaped to a column and a row", source=student_file(
-        "q_pos, k_pos = q_pos.reshape(-1, 1), k_pos.reshape(1, -1)   # (n_q, 1) and (1, n_k)\n" + RIGHT_PREDICATE),
-        expect="your mask has shape (1, 1), expected ()"),
-    Mutant("the queries one position too late", source=student_file(RIGHT_PREDICATE, (
-        "q_pos = torch.arange(n_k - n_q + 1, n_k + 1, device=device)[:, None]   # the last n_q positions\n"
-        "k_pos = torch.arange(n_k, device=device)[None, :]\nreturn in_window(q_pos, k_pos, window)")),
-        expect="attention_mask(n_q=1, n_k=1, window=1)"),
-    Mutant("the reference kept in a dict at import time", source=(
-        "import orthros\n\n_PATHS = {'predicate': orthros.in_window}\n\n\n"
-        "def in_window(q_pos, k_pos, window):\n    return _PATHS['predicate'](q_pos, k_pos, window)\n\n\n"
-        "def attention_mask(n_q, n_k, window=None, device=None):\n"
-        "    q_pos = torch.arange(n_k - n_q, n_k, device=device)[:, None]\n"
-        "    return in_window(q_pos, torch.arange(n_k, device=device)[None, :], window)\n"),
-        expect="your code called orthros.in_window"),
+    Mutant("the reference imported", "holds orthros.in_window", source="from orthros import in_window, attention_mask\n"),
+    Mutant("the reference kept in a dict at import time", "your code called orthros.in_window",
+           {"import torch\n": "import torch\n\nimport orthros\n\n_PATHS = {'predicate': orthros.in_window}\n",
+            f"return causal if window is None else {WINDOWED}": "return _PATHS['predicate'](q_pos, k_pos, window)"}),
+    Mutant("the device argument ignored", "your mask is on meta, expected cpu",
+           {QUERIES: "torch.arange(n_k - n_q, n_k)", KEYS: "torch.arange(n_k)"}),
+    Mutant("the distance in int8", PAPER, {WINDOWED: "causal & ((q_pos - k_pos).to(torch.int8) < window)"}),
+    Mutant("the distance clamped at 100", "outside the window, w = 128",
+           {WINDOWED: "causal & ((q_pos - k_pos).clamp(max=100) < window)"}),
+    Mutant("the mask always built on the CPU", "your mask is on cpu, expected meta",
+           {QUERIES: "torch.arange(n_k - n_q, n_k, device='cpu')", KEYS: "torch.arange(n_k, device='cpu')"}),
+    Mutant("device=None taken as the CPU", "the default device", {"    q_pos = torch": "    device = device or 'cpu'\n    q_pos = torch"}),
+    Mutant("the positions reshaped to a column and a row", "your mask has shape (1, 1), expected ()",
+           {"    causal = k_pos": "    q_pos, k_pos = q_pos.reshape(-1, 1), k_pos.reshape(1, -1)\n    causal = k_pos"}),
+    Mutant("the queries one position too late", "attention_mask(n_q=1, n_k=1, window=1)",
+           {QUERIES: "torch.arange(n_k - n_q + 1, n_k + 1, device=device)"}),
+    Mutant("attention_mask cached with functools.lru_cache: every caller shares one tensor", "changed the first mask in place",
+           {"import torch\n": "import functools\n\nimport torch\n",
+            "def attention_mask(": "@functools.lru_cache(maxsize=None)\ndef attention_mask("}),
 ]
 
+ALSO_RIGHT = """import torch
+
+
+def in_window(q_pos, k_pos, window):
+    seen = torch.le(k_pos, q_pos)
+    if window:
+        seen = torch.logical_and(seen, k_pos > q_pos - window)
+    return seen
+
+
+def attention_mask(n_q, n_k, window=None, device=None):
+    mask = torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
+    return mask if window is None else mask.triu(n_k - n_q - window + 1)
+"""
+
 WINDOW = "query t sees exactly keys t-w+1 ... t (eq. 4), every key <= t without a window (eq. 5)"
-FAR = ("t - j and w must be compared whole, however large: in int8 (-128 ... 127: even w = 128 wraps to -128), "
-       "int16 (up to 32767) or float16 (exact only up to 2048), or clamped, a distance or the window stops being itself")
+FAR = ("t - j and w must be compared whole, however large: in int8 (-128 ... 127: even w = 128 wraps to -128), int16 "
+       "(up to 32767) or float16 (exact only up to 2048), or clamped, a distance or the window stops being itself")
+ALIGNED = f"query i sits at position n_k - n_q + i (bottom-right aligned: the last query is the newest position), and {WINDOW}"
 
 
 def positions_case(what, q_pos, k_pos, window, invariant=WINDOW, explain=False):
-    """in_window on these positions; explain: report a difference by distance (for the large cases)."""
-    return Case(f"in_window(q_pos, k_pos, window={window}) with {what}",
-                inputs=lambda: dict(q_pos=q_pos.clone(), k_pos=k_pos.clone(), window=window),
+    """in_window on these positions; explain: judge by distance, in words (for the large cases)."""
+    return Case(f"in_window(q_pos, k_pos, window={window}) with {what}", output="your mask",
+                inputs=lambda: dict(q_pos=q_pos, k_pos=k_pos, window=window),
                 call=lambda answer, q_pos, k_pos, window: answer.in_window(q_pos, k_pos, window),
                 invariant=invariant, holds=by_distance(q_pos, k_pos, window) if explain else None)
 
 
-def mask_case(n_q, n_k, window, what="", invariant=None, explain=False):
-    q_pos, k_pos = torch.arange(n_k - n_q, n_k)[:, None], torch.arange(n_k)[None, :]
-    return Case(f"attention_mask(n_q={n_q}, n_k={n_k}, window={window}){what}",
+def mask_case(n_q, n_k, window, what="", invariant=ALIGNED, explain=False):
+    return Case(f"attention_mask(n_q={n_q}, n_k={n_k}, window={window}){what}", output="your mask",
                 inputs=lambda: dict(n_q=n_q, n_k=n_k, window=window),
-                call=lambda answer, n_q, n_k, window: answer.attention_mask(n_q, n_k, window),
-                invariant=invariant or f"query i sits at position n_k - n_q + i (bottom-right aligned: the last "
-                                       f"query is the newest position), and {WINDOW}",
-                holds=by_distance(q_pos, k_pos, window) if explain else None)
+                call=lambda answer, n_q, n_k, window: answer.attention_mask(n_q, n_k, window), invariant=invariant,
+                holds=by_distance(torch.arange(n_k - n_q, n_k)[:, None], torch.arange(n_k)[None, :], window) if explain else None)
 
 
 def by_distance(q_pos, k_pos, window):
-    """A mask's difference from eq. 4 in words, for the large cases: the first wrong (query, key) pair by
-    position, and the distances t - j that yours gets wrong (a holds= of Case)."""
+    """A mask's difference from eq. 4, in words: the first wrong (query, key) pair, and the distances t - j
+    that yours gets wrong."""
     q_pos, k_pos = torch.broadcast_tensors(q_pos.long(), k_pos.long())
     distance = q_pos - k_pos
     truth = (distance >= 0) & (True if window is None else distance < window)
     keys = "every key up to its own position" if window is None else f"the window, w = {window}"
 
     def holds(out):
-        out = out.cpu()
-        wrong = out != truth
-        if not bool(wrong.any()):
+        if not isinstance(out, torch.Tensor) or out.shape != truth.shape or out.dtype != torch.bool:
+            return f"your mask is {describe(out)}, expected a bool tensor of shape {tuple(truth.shape)}"
+        wrong = out.cpu() != truth
+        if not wrong.any():
             return None
         first = tuple(int(i) for i in wrong.nonzero()[0])
-        lines = [f"{int(wrong.sum())} of {wrong.numel()} entries differ; the first at index {first}: the query at "
-                 f"position t = {int(q_pos[first])} and the key at j = {int(k_pos[first])} (distance "
-                 f"{int(distance[first])}): yours {bool(out[first])}, the reference {bool(truth[first])}"]
+        lines = [f"{int(wrong.sum())} of {wrong.numel()} entries differ; the first at index {first}: the query at position "
+                 f"t = {int(q_pos[first])} and the key at j = {int(k_pos[first])} (distance {int(distance[first])}): yours "
+                 f"{bool(out[first])}, the reference {bool(truth[first])}"]
         for which, where in (("lets queries see keys", wrong & out & (distance > 0)),
-                             ("lets queries see keys in their future", wrong & out & (distance < 0)),
-                             ("hides keys", wrong & ~out)):
+                             ("lets queries see keys in their future", wrong & out & (distance < 0)), ("hides keys", wrong & ~out)):
             if where.any():
-                lo, hi = int(distance[where].min()), int(distance[where].max())
-                side = "outside" if which.endswith("see keys") else "inside"
-                lines.append(f"yours {which} at distances {lo} to {hi}" +
-                             (f", {side} {keys}" if "future" not in which else ""))
-        if window is not None and not (wrong & (distance < 0)).any():
-            lines.append(FAR)
-        return "\n    ".join(lines)
+                side = "" if "future" in which else f", {'outside' if which.endswith('see keys') else 'inside'} {keys}"
+                lines.append(f"yours {which} at distances {int(distance[where].min())} to {int(distance[where].max())}{side}")
+        return "\n    ".join(lines + ([FAR] if window is not None and not (wrong & (distance < 0)).any() else []))
     return holds
 
 
 def cases(**options):
-    found = []
-    for T in range(1, 7):  # the predicate on every (query, key) pair of a T x T grid
-        for window in dict.fromkeys([None, 1, 2, 3, T + 1]):
-            found.append(positions_case(f"q_pos = torch.arange({T})[:, None], k_pos = torch.arange({T})[None, :]",
-                                        torch.arange(T)[:, None], torch.arange(T)[None, :], window))
-    for n_k in range(1, 7):
-        for n_q in range(1, n_k + 1):
-            for window in (None, 1, 2, 3):
-                found.append(mask_case(n_q, n_k, window))
+    found = [positions_case(f"q_pos = torch.arange({T})[:, None], k_pos = torch.arange({T})[None, :]",
+                            torch.arange(T)[:, None], torch.arange(T)[None, :], window)
+             for T in range(1, 7) for window in dict.fromkeys([None, 1, 2, 3, T + 1])]
+    found += [mask_case(n_q, n_k, window) for n_k in range(1, 7) for n_q in range(1, n_k + 1) for window in (None, 1, 2, 3)]
     # Every form of positions orthros.py and perf/engine.py pass (the docstring: tensors that broadcast)
-    pairs = torch.tensor([[5, 5], [5, 4], [5, 3], [5, 2], [2, 5], [0, 0]])
+    found += [positions_case(what, q, k, w) for what, q, k, w in [
+        *((f"0-d positions q_pos = torch.tensor({q}), k_pos = torch.tensor({k}), as FlexAttention's mask_mod asks one "
+           "(q, k) pair at a time", torch.tensor(q), torch.tensor(k), 3) for q, k in [(5, 5), (5, 4), (5, 3), (5, 2), (2, 5), (0, 0)]),
+        ("1-D positions of the same shape (6,), compared pair by pair: q_pos = torch.tensor([0, 1, 2, 5, 5, 9]), k_pos = "
+         "torch.tensor([0, 0, 2, 2, 1, 9])", torch.tensor([0, 1, 2, 5, 5, 9]), torch.tensor([0, 0, 2, 2, 1, 9]), 3),
+        ("q_pos = torch.tensor([6]) and k_pos = torch.arange(9), shapes (1,) and (9,), as perf/engine.py's decode step asks "
+         "for one new token", torch.tensor([6]), torch.arange(9), 4),
+        ("3-D positions of shapes (2, 3, 1) and (2, 1, 6), as the blocked path asks for blocks of w = 3 queries against 2w "
+         "keys: q_pos = 3 * b + 3 + i, k_pos = 3 * b + j", torch.arange(3, 9).view(2, 3, 1),
+         (3 * torch.arange(2)[:, None] + torch.arange(6)).view(2, 1, 6), 3),
+        ("int32 positions: q_pos = torch.arange(7, dtype=torch.int32)[:, None], k_pos = torch.arange(7, dtype=torch.int32)"
+         "[None, :]", torch.arange(7, dtype=torch.int32)[:, None], torch.arange(7, dtype=torch.int32)[None, :], 3)]]
+    found += [logits_case(attn, swa_impl, 21, 4, t_out) for attn, swa_impl, t_out in [
+        ("orthros", "dense", 5), ("orthros", "blocked", 5), ("swa", "dense", 21), ("swa", "blocked", 21), ("orthros", "blocked", 21)]]
     found.append(Case(
-        "in_window(q_pos, k_pos, window=3) on 0-d positions, one (q, k) pair at a time, as FlexAttention's mask_mod "
-        f"calls it: (q, k) = {', '.join(f'({q}, {k})' for q, k in pairs.tolist())}",
-        inputs=lambda: dict(pairs=pairs, window=3),
-        call=lambda answer, pairs, window: [answer.in_window(q, k, window) for q, k in pairs],
-        invariant=WINDOW, output="your masks, one per pair"))
-    found.append(positions_case("1-D positions of the same shape (6,), compared pair by pair: "
-                                "q_pos = torch.tensor([0, 1, 2, 5, 5, 9]), k_pos = torch.tensor([0, 0, 2, 2, 1, 9])",
-                                torch.tensor([0, 1, 2, 5, 5, 9]), torch.tensor([0, 0, 2, 2, 1, 9]), 3))
-    found.append(positions_case("q_pos = torch.tensor([6]) and k_pos = torch.arange(9), shapes (1,) and (9,), as "
-                                "perf/engine.py's decode step asks for one new token",
-                                torch.tensor([6]), torch.arange(9), 4))
-    found.append(positions_case("3-D positions of shapes (2, 3, 1) and (2, 1, 6), as the blocked path asks for "
-                                "blocks of w = 3 queries against 2w keys: q_pos = 3 * b + 3 + i, k_pos = 3 * b + j",
-                                torch.arange(3, 9).view(2, 3, 1), (3 * torch.arange(2)[:, None] + torch.arange(6)).view(2, 1, 6), 3))
-    found.append(positions_case("int32 positions: q_pos = torch.arange(7, dtype=torch.int32)[:, None], "
-                                "k_pos = torch.arange(7, dtype=torch.int32)[None, :]",
-                                torch.arange(7, dtype=torch.int32)[:, None], torch.arange(7, dtype=torch.int32)[None, :], 3))
-    T, w, t_out = 21, 4, 5
-    for attn, swa_impl, k in [("orthros", "dense", t_out), ("orthros", "blocked", t_out), ("swa", "dense", T),
-                              ("swa", "blocked", T), ("orthros", "blocked", T)]:
-        found.append(logits_case(attn, swa_impl, T, w, k))
-    # The paper's sizes: w = 128 over T = 300 (one block of 128 and a partial one); distances past 127
-    found.append(positions_case("q_pos = torch.arange(300)[:, None], k_pos = torch.arange(300)[None, :]: the "
-                                "paper's window, T=300",
-                                torch.arange(300)[:, None], torch.arange(300)[None, :], 128,
-                                invariant=f"{WINDOW}: distances 0 ... 127 are in, 128 ... 299 out", explain=True))
-    found.append(mask_case(300, 300, 128, ": the paper's window, T=300", explain=True,
-                           invariant=f"{WINDOW}: distances 0 ... 127 are in, 128 ... 299 out"))
-    found.append(mask_case(10, 300, None, ": 10 output tokens attending every earlier key", explain=True))
-    found.append(logits_case("orthros", "blocked", 300, 128, 37))
-    found.append(mask_case(1, 4096, 128, ": a decoded token at position 4095, the paper's window", explain=True,
-                           invariant=f"the last query sees the last w keys: {WINDOW}"))
-    found.append(mask_case(2, 70000, 40000, ": distances past 2^15 and 2^16, a window past 2^15", explain=True,
-                           invariant=f"{WINDOW}; {FAR}"))
-    # The device (the last cases: the first arithmetic on 'meta' makes torch import its compiler, ~1.7 s once)
-    found.append(Case(
-        "attention_mask(n_q=3, n_k=5, window=2, device='cpu'), called while the default device is 'meta' "
-        "(inside `with torch.device('meta'):`)",
-        inputs=lambda: dict(n_q=3, n_k=5, window=2, device="cpu"),
-        call=mask_with_meta_default,
-        invariant="the mask is built on the device it is asked for, whatever the default device"))
-    found.append(Case(
-        "attention_mask(n_q=300, n_k=300, window=128, device='meta'): the paper's sizes on the device 'meta' "
-        "(shapes, no values)",
-        inputs=lambda: dict(n_q=300, n_k=300, window=128, device="meta"),
-        call=lambda answer, n_q, n_k, window, device: answer.attention_mask(n_q, n_k, window, device),
-        invariant="the mask is built on the device it is asked for (here 'meta'), not on the CPU"))
-    found.append(Case(
-        "attention_mask(n_q=3, n_k=5, window=2) with no device, called while the default device is 'meta' "
-        "(inside `with torch.device('meta'):`)",
-        inputs=lambda: dict(n_q=3, n_k=5, window=2, device=None),
-        call=mask_with_meta_default,
-        invariant="device=None builds the mask on the default device (here 'meta'), as torch.arange does"))
-    return found
+        "attention_mask(n_q=3, n_k=5, window=2), called again after the caller changed the first mask in place "
+        "(mask.fill_(False)): yours must make a new mask each call", output="your second mask",
+        inputs=lambda: dict(n_q=3, n_k=5, window=2),
+        call=lambda answer, **asked: (answer.attention_mask(**asked).fill_(False), answer.attention_mask(**asked))[1],
+        invariant="a call's result is the caller's own tensor: what the caller does with it changes no later call"))
+    # The paper's sizes: w = 128 over T = 300 (a block of 128 and a partial one); distances past 127, 2^15 and 2^16
+    paper = f"{WINDOW}: distances 0 ... 127 are in, 128 ... 299 out"
+    found.append(positions_case(f"q_pos = torch.arange(300)[:, None], k_pos = torch.arange(300)[None, :]: {PAPER}",
+                                torch.arange(300)[:, None], torch.arange(300)[None, :], 128, paper, explain=True))
+    found += [mask_case(300, 300, 128, f": {PAPER}", paper, explain=True),
+              mask_case(10, 300, None, ": 10 output tokens attending every earlier key", explain=True),
+              logits_case("orthros", "blocked", 300, 128, 37),
+              mask_case(1, 4096, 128, ": a decoded token at position 4095, the paper's window", explain=True,
+                        invariant=f"the last query sees the last w keys: {WINDOW}"),
+              mask_case(2, 70000, 40000, ": distances past 2^15 and 2^16, a window past 2^15", explain=True,
+                        invariant=f"{WINDOW}; {FAR}")]
+    # The device (last: the first arithmetic on 'meta' makes torch import its compiler, ~1.7 s once per process)
+    meta = "called while the default device is 'meta' (inside `with torch.device('meta'):`)"
+    return found + [Case(f"attention_mask(n_q={n_q}, n_k={n_k}, window={w}, {where}", call=meta_default, output="your mask",
+                         inputs=lambda n_q=n_q, n_k=n_k, w=w, device=device: dict(n_q=n_q, n_k=n_k, window=w, device=device),
+                         invariant=invariant) for n_q, n_k, w, device, where, invariant in [
+        (3, 5, 2, "cpu", f"device='cpu'), {meta}", "the mask is built on the device it is asked for, whatever the default"),
+        (300, 300, 128, "meta", "device='meta'): the paper's sizes on the device 'meta' (shapes, no values)",
+         "the mask is built on the device it is asked for (here 'meta'), not on the CPU"),
+        (3, 5, 2, None, f"no device, {meta}", "device=None builds the mask on the default device (here 'meta'), as "
+                                              "torch.arange does")]]
 
 
 def logits_case(attn, swa_impl, T, w, t_out):
     model = tiny_model(attn, window=w, swa_impl=swa_impl)
-    return Case(
-        f"whole-model logits, attn={attn!r}, swa_impl={swa_impl!r}, T={T}, w={w}, t_out={t_out}, with your "
-        "in_window and attention_mask patched into orthros.py",
-        inputs=lambda: dict(model=model, idx=tokens(2, T), t_out=t_out),
-        call=patched_logits,
-        invariant="every window path of orthros.py (dense mask, blocked band mask) asks the one predicate, so "
-                  "the logits follow it: the right predicate gives the model's own logits",
-        atol=1e-12, output="the model's logits")
+    return Case(f"whole-model logits, attn={attn!r}, swa_impl={swa_impl!r}, T={T}, w={w}, t_out={t_out}, with your "
+                "in_window and attention_mask patched into orthros.py", output="the model's logits",
+                inputs=lambda: dict(model=model, idx=tokens(2, T), t_out=t_out), call=patched_logits, atol=1e-12,
+                invariant="every window path of orthros.py (dense mask, blocked band mask) asks the one predicate, so the "
+                          "logits follow it: the right predicate gives the model's own logits")
 
 
-def mask_with_meta_default(answer, n_q, n_k, window, device):
+def meta_default(answer, n_q, n_k, window, device):
     with torch.device("meta"):   # a mask built without `device` lands on meta: shapes, no values
         return answer.attention_mask(n_q, n_k, window, device)
 
 
 def patched_logits(answer, model, idx, t_out):
-    with patched(orthros, in_window=answer.in_window, attention_mask=answer.attention_mask), torch.no_grad():
+    with mock.patch.multiple(orthros, in_window=answer.in_window, attention_mask=answer.attention_mask), torch.no_grad():
         return model(idx, t_out=t_out)[0]

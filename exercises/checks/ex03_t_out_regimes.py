@@ -1,4 +1,4 @@
-"""Exercise 3, the t_out regimes: the checker, hints and known bugs."""
+"""Exercise 3, the t_out regimes: the checker."""
 
 import random
 from types import SimpleNamespace
@@ -7,103 +7,79 @@ import torch
 
 from data.sft import collate, load_examples
 from data.tokenizer import get_tokenizer
-from exercises.framework import REPO, Bug, Case, Mutant, tiny_model, tokens, using, variant
+from exercises.framework import REPO, Bug, Case, Mutant, tiny_model, tokens, using
 from exercises.solutions import ex03_t_out_regimes as solution
 
 TITLE = "The t_out regimes"
 DIFFICULTY = 2
 MINUTES = 30
-TEACHES = "pre-training, SFT, prefill and decode are one forward pass; the smallest t_out of an SFT batch; T + t_out tokens against 2T"
+TEACHES = ("pre-training, SFT, prefill and decode are one forward pass; the smallest t_out of an SFT batch; T + t_out "
+           "tokens against 2T")
 FUNCTIONS = ("smallest_t_out", "tokens_through_layers")
-REFERENCE = SimpleNamespace(smallest_t_out=solution.smallest_t_out,
-                            tokens_through_layers=solution.tokens_through_layers)
-RETURNS = {"smallest_t_out": "t_out", "tokens_through_layers": "count"}
+REFERENCE = SimpleNamespace(smallest_t_out=solution.smallest_t_out, tokens_through_layers=solution.tokens_through_layers)
+PAPER = "sequences of up to 2048 tokens"
 
 HINTS = [
-    "The output positions are always a suffix: the last t_out columns. So t_out is decided by the "
-    "leftmost column that holds any target, in any row of the batch; everything from there to the end "
-    "must be an output position. Orthros runs a second (output) token for each output position; the "
-    "baselines have one stream.",
-    "smallest_t_out: targets (B, T) -> one flag per column, (T,): does any row train this column? The "
-    "first flagged column f decides: t_out = T - f. No flagged column: 1 (as prefill). Return a Python int.\n"
-    "tokens_through_layers: Orthros runs its T base tokens plus one output token per output position; the "
-    "baselines run their T tokens and nothing else.",
-    "Paper, section 3.2: Pre-training (T_in = 0, T_out = T), SFT (T_in = T - T_out, T_out >= 1: 'T_out "
-    "corresponds exactly to the total length of the target responses'), Prefilling (T_out = 1), Decoding "
-    "(T = 1). Algorithm 1, line 1: the input is (T + T_out) x d_model. In the repo: data/sft.py, collate.",
+    "The output positions are always a suffix: the last t_out columns. So t_out is decided by the leftmost column that"
+    " holds any target, in any row of the batch; everything from there to the end must be an output position. Orthros "
+    "runs a second (output) token for each output position; the baselines have one stream.",
+    "smallest_t_out: targets (B, T) -> one flag per column, (T,): does any row train this column? The first flagged "
+    "column f decides: t_out = T - f. No flagged column: 1 (as prefill). Return a Python int.\n"
+    "tokens_through_layers: Orthros runs its T base tokens plus one output token per output position; the baselines "
+    "run their T tokens and nothing else.",
+    "Paper, section 3.2: Pre-training (T_in = 0, T_out = T), SFT (T_in = T - T_out, T_out >= 1: 'T_out corresponds "
+    "exactly to the total length of the target responses'), Prefilling (T_out = 1), Decoding (T = 1). Algorithm 1, "
+    "line 1: the input is (T + T_out) x d_model. In the repo: data/sft.py, collate.",
 ]
 
-
-# -- Known bugs ---------------------------------------------------------------------------------
-
-def count_targets(targets):
-    return int((targets != -1).sum(dim=1).max())  # how many targets, not where they start
-
-
-def zero_when_untrained(targets):
-    columns = (targets != -1).any(dim=0).nonzero()
-    return targets.size(1) - int(columns[0]) if len(columns) else 0
-
-
+FIRST = "    return T - int(columns[0]) if len(columns) else 1"
+TRAINED = "(targets != IGNORE)"
 BUGS = [
-    Bug("counted the targets, not the suffix that holds them", "a row's targets can start earlier than its "
-        "count says (right padding, several turns): t_out is T minus the first column with a target.",
-        variant(REFERENCE, smallest_t_out=count_targets)),
-    Bug("t_out = 0 when nothing is trained", "t_out is at least 1: the model always predicts at the last "
-        "position (prefill has t_out = 1).", variant(REFERENCE, smallest_t_out=zero_when_untrained)),
-    Bug("2T tokens for Orthros in every regime", "only pre-training (t_out = T) doubles the tokens; SFT, "
-        "prefill and decode add just t_out output tokens to the T base tokens.",
-        variant(REFERENCE, tokens_through_layers=lambda attn, T, t_out: 2 * T if attn == "orthros" else T)),
+    Bug("counted the targets, not the suffix that holds them", "a row's targets can start earlier than its count says "
+        "(right padding, several turns): t_out is T minus the first column with a target.",
+        {FIRST: "    return int((targets != IGNORE).sum(dim=1).max())   # how many targets"}),
+    Bug("t_out = 0 when nothing is trained", "t_out is at least 1: the model always predicts at the last position "
+        "(prefill has t_out = 1).", {"else 1": "else 0"}),
+    Bug("2T tokens for Orthros in every regime", "only pre-training (t_out = T) doubles the tokens; SFT, prefill and "
+        "decode add just t_out output tokens to the T base tokens.", {"T + t_out if attn": "2 * T if attn"}),
 ]
-
-
-# -- Further wrong answers the checker must reject ---------------------------------------------
-
-def student_file(smallest_body, tokens_body="return T + t_out if attn == 'orthros' else T"):
-    indent = lambda body: "".join(f"    {line}\n" for line in body.splitlines())
-    return ("import torch\n\n\ndef smallest_t_out(targets):\n" + indent(smallest_body) +
-            "\n\ndef tokens_through_layers(attn, T, t_out):\n" + indent(tokens_body))
-
-
-def smallest_body(trained="(targets != -1)", T="targets.size(1)", dim=0, first="int(columns[0])"):
-    return (f"T = {T}\ncolumns = {trained}.any(dim={dim}).nonzero()   # the columns that hold a target\n"
-            f"return T - {first} if len(columns) else 1")
-
 
 MUTANTS = [
-    Mutant("the stored solution imported", source="from exercises.solutions.ex03_t_out_regimes import *\n",
-           expect="is not available to your code"),
-    Mutant("the checker's live count imported",
-           source=student_file(smallest_body(), "from exercises.checks.ex03_t_out_regimes import rows_per_layer\n"
-                                                "return rows_per_layer(attn, 'SFT', T, t_out)"),
-           expect="is not available to your code"),
-    Mutant("targets > 0 taken for the trained ones", source=student_file(smallest_body(trained="(targets > 0)")),
-           expect="a response that starts with token id 0"),
-    Mutant("-100 taken for the ignore value", source=student_file(smallest_body(trained="(targets != -100)")),
-           expect="-1 where nothing is trained"),
-    Mutant("T from the batch dimension", source=student_file(smallest_body(T="targets.size(0)")),
-           expect="targets of shape (B, T) = (1, 2) = [[13, 0]]"),
-    Mutant("the rows flagged, not the columns", source=student_file(smallest_body(dim=1)),
-           expect="prompt 4, response 2"),
-    Mutant("a tensor returned, not an int", source=student_file(smallest_body(first="columns[0]")),
-           expect="your t_out is a tensor of shape (1,) (torch.int64), expected an int"),
-    Mutant("argmax finds column 0 when nothing is trained", source=student_file(
-        "T = targets.size(1)\nreturn T - int((targets != -1).any(dim=0).int().argmax())"),
-        expect="no response at all"),
-    Mutant("the targets flagged in place", source=student_file(
-        "trained = targets.ne_(-1)   # 1 where a target is\ncolumns = trained.any(dim=0).nonzero()\n"
-        "return targets.size(1) - int(columns[0]) if len(columns) else 1"),
-        expect="changed its input `targets` in place"),
-    Mutant("an output stream for the sliding-window baseline too", source=student_file(
-        smallest_body(), "return T if attn == 'transformer' else T + t_out"), expect="tokens_through_layers('swa'"),
+    Mutant("the stored solution imported", "is not available to your code",
+           source="from exercises.solutions.ex03_t_out_regimes import *\n"),
+    Mutant("the checker's live count imported", "is not available to your code",
+           {"    return T + t_out": "    from exercises.checks.ex03_t_out_regimes import rows_per_layer\n"
+                                    "    return rows_per_layer(attn, 'SFT', T, t_out)\n    return T + t_out"}),
+    Mutant("targets > 0 taken for the trained ones", "a response that starts with token id 0", {TRAINED: "(targets > 0)"}),
+    Mutant("-100 taken for the ignore value", "-1 where nothing is trained", {TRAINED: "(targets != -100)"}),
+    Mutant("T from the batch dimension", "targets of shape (B, T) = (1, 2) = [[13, 0]]",
+           {"T = targets.size(1)": "T = targets.size(0)"}),
+    Mutant("the rows flagged, not the columns", "prompt 4, response 2", {".any(dim=0)": ".any(dim=1)"}),
+    Mutant("a tensor returned, not an int", "your t_out is a tensor of shape (1,) (torch.int64), expected an int",
+           {"int(columns[0])": "columns[0]"}),
+    Mutant("argmax finds column 0 when nothing is trained", "no response at all",
+           {FIRST: "    return T - int((targets != IGNORE).any(dim=0).int().argmax())"}),
+    Mutant("the targets flagged in place", "changed its input `targets` in place", {TRAINED: "targets.ne_(IGNORE)"}),
+    Mutant("an output stream for the sliding-window baseline too", "tokens_through_layers('swa'",
+           {'if attn == "orthros"': 'if attn != "transformer"'}),
 ]
 
+ALSO_RIGHT = """import torch
 
-# -- Cases --------------------------------------------------------------------------------------
+
+def smallest_t_out(targets):
+    rows, columns = torch.where(targets >= 0)
+    return targets.shape[-1] - columns.min().item() if len(columns) else 1
+
+
+def tokens_through_layers(attn, T, t_out):
+    return {'orthros': T + t_out}.get(attn, T)
+"""
+
 
 def example(turn_lengths, rng):
-    """An SFT example as data/sft.py makes it: prompt, response + END, ...; mask True on responses.
-    A response of length 0 is no response at all: nothing of the example is trained."""
+    """An SFT example as data/sft.py makes it: prompt, response + END, ...; mask True on responses. A response of
+    length 0 is no response at all: nothing of the example is trained."""
     ids, mask = [], []
     for i, n in enumerate(turn_lengths):
         is_response = i % 2 == 1
@@ -115,27 +91,22 @@ def example(turn_lengths, rng):
 
 
 def batches():
-    rng = random.Random(0)
-    fixed = [("one example: prompt 1, response 1", [[1, 1]]),
-             ("one example: prompt 4, response 2", [[4, 2]]),
-             ("two examples: prompt 5 + response 1, prompt 1 + response 4 (right-padded)", [[5, 1], [1, 4]]),
-             ("one example of two turns: prompt 3, response 2, prompt 2, response 1", [[3, 2, 2, 1]]),
-             ("two examples with no response at all (nothing trained)", [[3, 0], [5, 0]])]
-    found = [(what, [example(lengths, rng) for lengths in batch]) for what, batch in fixed]
-    other = random.Random(2)   # rng stays the random batches' own
+    rng, other, long = random.Random(0), random.Random(2), random.Random(1)
+    found = [(what, [example(lengths, rng) for lengths in batch]) for what, batch in [
+        ("one example: prompt 1, response 1", [[1, 1]]), ("one example: prompt 4, response 2", [[4, 2]]),
+        ("two examples: prompt 5 + response 1, prompt 1 + response 4 (right-padded)", [[5, 1], [1, 4]]),
+        ("one example of two turns: prompt 3, response 2, prompt 2, response 1", [[3, 2, 2, 1]]),
+        ("two examples with no response at all (nothing trained)", [[3, 0], [5, 0]])]]
     found.append(("a response that starts with token id 0 (a real token: 0 is also END here), prompt 3, response 2",
                   [{"tokens": [5, 7, 9, 0, 4, 0], "mask": [False] * 3 + [True] * 3}]))
     found.append(("a pre-training batch of 2: every position trained, the first target token id 0",
                   [{"tokens": [3, 0] + list(range(1, 8)), "mask": [True] * 9} for _ in range(2)]))
     found.append(("a batch of 6 examples of 3 or 4 tokens (more rows than columns): a response of 1 in one row only",
                   [example([3, 0], other) for _ in range(5)] + [example([2, 1], other)]))
-    for seed in range(4):
-        batch = [example([rng.randint(1, 9), rng.randint(0, 6)] * rng.randint(1, 2), rng) for _ in range(4)]
-        found.append((f"a random batch of 4 (seed {seed})", batch))
-    long = random.Random(1)   # the paper's sizes: sequences of 2048 tokens, prompts of hundreds
-    found.append(("a random batch of 8 sequences of up to 2048 tokens (prompts of 300 to 1800 tokens)",
-                  [example([long.randint(300, 1800), long.randint(1, 240)], long) for _ in range(7)] +
-                  [example([1800, 247], long)]))
+    found += [(f"a random batch of 4 (seed {seed})", [example([rng.randint(1, 9), rng.randint(0, 6)] * rng.randint(1, 2), rng)
+                                                     for _ in range(4)]) for seed in range(4)]
+    found.append((f"a random batch of 8 {PAPER} (prompts of 300 to 1800 tokens)",
+                  [example([long.randint(300, 1800), long.randint(1, 240)], long) for _ in range(7)] + [example([1800, 247], long)]))
     return found
 
 
@@ -144,33 +115,28 @@ def cases(**options):
     for what, batch in batches():
         x, y, t_out = collate(batch)
         found.append(Case(
-            f"smallest_t_out(targets) for {what}: x, targets, _ = data.sft.collate(batch); targets of shape "
-            f"(B, T) = {tuple(y.shape)}" + (f" = {y.tolist()}" if y.numel() <= 64 else ""),
-            inputs=lambda y=y: dict(targets=y),
-            call=lambda answer, targets: answer.smallest_t_out(targets),
-            invariant="t_out is the smallest suffix of columns that holds every target (data.sft.collate's "
-                      "t_out); targets are -1 where nothing is trained (data.sft.IGNORE), any other value, 0 "
-                      "included, is a target; 1 when nothing is trained",
-            expected=lambda targets, t_out=t_out: t_out))
-    model = tiny_model("orthros", vocab_size=37)
+            f"smallest_t_out(targets) for {what}: x, targets, _ = data.sft.collate(batch); targets of shape (B, T) = "
+            f"{tuple(y.shape)}" + (f" = {y.tolist()}" if y.numel() <= 64 else ""), output="your t_out",
+            inputs=lambda y=y: dict(targets=y), call=lambda answer, targets: answer.smallest_t_out(targets),
+            invariant="t_out is the smallest suffix of columns that holds every target (data.sft.collate's t_out); targets "
+                      "are -1 where nothing is trained (data.sft.IGNORE), any other value, 0 included, is a target; 1 "
+                      "when nothing is trained", expected=lambda targets, t_out=t_out: t_out))
+    model = tiny_model("orthros")
     x, y, _ = collate(batches()[2][1])
-    found.append(Case(
-        "model(x, targets, t_out=smallest_t_out(targets))[1] on the two-example batch",
-        inputs=lambda: dict(model=model, x=x, targets=y),
-        call=sft_loss,
-        invariant="the SFT loss with the smallest t_out equals the loss with t_out = T (the output positions "
-                  "before the first target change nothing)",
-        atol=1e-12, expected=lambda model, x, targets: model(x, targets, t_out=x.size(1))[1].detach(),
-        output="the loss"))
+    found.append(Case("model(x, targets, t_out=smallest_t_out(targets))[1] on the two-example batch", output="the loss",
+                      inputs=lambda: dict(model=model, x=x, targets=y), call=sft_loss, atol=1e-12,
+                      invariant="the SFT loss with the smallest t_out equals the loss with t_out = T (the output positions "
+                                "before the first target change nothing)",
+                      expected=lambda model, x, targets: model(x, targets, t_out=x.size(1))[1].detach()))
     for attn in ("orthros", "swa", "transformer"):
         for regime, T, t_out in (("pre-training", 12, 12), ("SFT", 12, 5), ("prefill", 12, 1), ("decode", 1, 1),
                                  ("pre-training", 2048, 2048), ("SFT", 2048, 300)):
             found.append(Case(
-                f"tokens_through_layers({attn!r}, T={T}, t_out={t_out}): {regime}",
+                f"tokens_through_layers({attn!r}, T={T}, t_out={t_out}): {regime}", output="your count",
                 inputs=lambda attn=attn, T=T, t_out=t_out: dict(attn=attn, T=T, t_out=t_out),
                 call=lambda answer, attn, T, t_out: answer.tokens_through_layers(attn, T, t_out),
-                invariant="the rows of z that the layers process, counted by a hook on the model's first block: "
-                          "Orthros adds one output token per output position, the baselines have one stream",
+                invariant="the rows of z that the layers process, counted by a hook on the model's first block: Orthros "
+                          "adds one output token per output position, the baselines have one stream",
                 expected=lambda attn, T, t_out, regime=regime: rows_per_layer(attn, regime, T, t_out)))
     return found
 
@@ -181,22 +147,27 @@ def sft_loss(answer, model, x, targets):
         return model(x, targets, t_out=t_out)[1]
 
 
+class Counted(Exception):
+    """Stops a forward pass once its first block has been counted."""
+
+
 def rows_per_layer(attn, regime, T, t_out):
-    """Run the regime on a tiny model and count the rows its first block receives."""
-    model = tiny_model(attn, max_seq_len=max(512, T))
-    rows = []
-    hook = model.blocks[0].register_forward_pre_hook(lambda block, args: rows.append(args[0].size(1)))
+    """Run the regime on a tiny model up to its first block, and count the rows the block receives."""
+    model, rows = tiny_model(attn, max_seq_len=max(512, T)), []
+
+    def count(block, args):
+        rows.append(args[0].size(1))
+        raise Counted
     with torch.no_grad():
-        if regime == "prefill":
-            model.prefill(tokens(1, T))
-        elif regime == "decode":
-            _, cache = model.prefill(tokens(1, 7))
-            rows.clear()
-            model.decode(tokens(1, 1).flatten(), cache)
-        else:
-            model(tokens(1, T), t_out=t_out)
-    hook.remove()
-    return rows[0]
+        cache = model.prefill(tokens(1, 7))[1] if regime == "decode" else None
+        model.blocks[0].register_forward_pre_hook(count)
+        try:
+            if regime == "decode":
+                model.decode(tokens(1, 1).flatten(), cache)
+            else:
+                model(tokens(1, T), t_out=1 if regime == "prefill" else t_out)
+        except Counted:
+            return rows[0]
 
 
 def after_pass(answer, **options):
@@ -208,5 +179,5 @@ def after_pass(answer, **options):
         orthros += answer.tokens_through_layers("orthros", x.size(1), answer.smallest_t_out(y))
         pretraining += answer.tokens_through_layers("orthros", x.size(1), x.size(1))
     return (f"The repo's SFT example data (data/sft_example/train.jsonl, {len(examples)} examples, batches of 16):\n"
-            f"  with the smallest t_out, Orthros runs {orthros:,} tokens through each layer; with t_out = T "
-            f"(2T a batch), {pretraining:,}: {1 - orthros / pretraining:.0%} fewer.")
+            f"  with the smallest t_out, Orthros runs {orthros:,} tokens through each layer; with t_out = T (2T a "
+            f"batch), {pretraining:,}: {1 - orthros / pretraining:.0%} fewer.")

@@ -1,4 +1,4 @@
-"""Exercise 6, how far each stream can see: the checker, hints and known bugs."""
+"""Exercise 6, how far each stream can see: the checker."""
 
 import functools
 import inspect
@@ -6,266 +6,212 @@ from types import SimpleNamespace
 
 import torch
 
-from exercises.framework import Bug, Case, Mutant, Wrong, short, tiny_model, tokens, variant
+from exercises.framework import Bug, Case, Mutant, Wrong, short, tiny_model, tokens
 from exercises.solutions import ex06_reach as solution
 
 TITLE = "How far each stream can see"
 DIFFICULTY = 3
 MINUTES = 30
-TEACHES = "measured by perturbing inputs: SWA's reach is exactly [t - L(w-1), t]; Orthros's output stream sees every earlier position"
+TEACHES = ("measured by perturbing inputs: SWA's reach is exactly [t - L(w-1), t]; Orthros's output stream sees every "
+           "earlier position")
 FUNCTIONS = ("positions_that_change", "swa_reach")
 REFERENCE = SimpleNamespace(positions_that_change=solution.positions_that_change, swa_reach=solution.swa_reach)
-RETURNS = {"positions_that_change": "positions", "swa_reach": "reach"}
+PAPER = "swa_reach(n_layer=12, window=128)"
 
 HINTS = [
-    "Run the model once and keep the logits at position t. Then, for each position j, change one token "
-    "(the others stay), run again, and ask whether the logits at t moved at all. A window of w keys covers "
-    "the w-1 positions before t plus t itself: one layer reaches w-1 back; L layers chain L such hops.",
+    "Run the model once and keep the logits at position t. Then, for each position j, change one token (the others "
+    "stay), run again, and ask whether the logits at t moved at all. A window of w keys covers the w-1 positions "
+    "before t plus t itself: one layer reaches w-1 back; L layers chain L such hops.",
     "positions_that_change:\n"
     "  before = the logits at t of the unchanged input (model(idx)[0] is (1, T, vocab): take column t)\n"
-    "  for each position j: a copy of idx with token j replaced by another token; its logits at t; keep j "
-    "if they are not exactly equal to before (compare with torch.equal, not allclose: after several layers "
-    "the far influence is tiny, but it is not zero)\n"
+    "  for each position j: a copy of idx with token j replaced by another token; its logits at t; keep j if they are "
+    "not exactly equal to before (compare with torch.equal, not allclose, in the model's own dtype: after several "
+    "layers the far influence is tiny, but it is not zero)\n"
     "  never change idx itself: the checker hands you its input and checks that it comes back unchanged\n"
     "swa_reach: how far back one layer reaches, times the number of layers.",
-    "Paper, eq. 4: o_t sums over j = max(1, t-w+1) ... t, so one layer sees w-1 positions back; eq. 5: the "
-    "output tokens' o'_t sums over j = 1 ... t. Section 3.1: sliding window attention 'to efficiently "
-    "assimilate local context', full cross-attention 'to retrieve global information'.",
+    "Paper, eq. 4: o_t sums over j = max(1, t-w+1) ... t, so one layer sees w-1 positions back; eq. 5: the output "
+    "tokens' o'_t sums over j = 1 ... t. Section 3.1: sliding window attention 'to efficiently assimilate local "
+    "context', full cross-attention 'to retrieve global information'.",
 ]
 
-
-# -- Known bugs ---------------------------------------------------------------------------------
-
-def make_positions(last=False, skip_t=False):
-    def positions_that_change(model, idx, t):
-        read = -1 if last else t                                     # last: the logits at T-1, not t
-        with torch.no_grad():
-            before = model(idx)[0][:, read]
-            changed = []
-            for j in range(t if skip_t else idx.size(1)):            # skip_t: never tries j = t
-                other = idx.clone()
-                other[0, j] = (other[0, j] + 1) % model.config.vocab_size
-                if not torch.equal(model(other)[0][:, read], before):
-                    changed.append(j)
-        return changed
-    return positions_that_change
-
-
+AFTER = "model(other)[0][:, t]"
+COMPARED = f"if not torch.equal({AFTER}, before):"
+PERTURBED = "(other[0, j] + 1) % model.config.vocab_size"
+REACH = "n_layer * (window - 1)"
 BUGS = [
-    Bug("reach L*w", "a window of w keys holds position t itself and only w-1 earlier ones: one layer reaches "
-        "w-1 back, L layers L(w-1).", variant(REFERENCE, swa_reach=lambda n_layer, window: n_layer * window)),
-    Bug("position t itself left out", "the token at t is its own key (k_pos <= q_pos): it always changes the "
-        "logits at t.", variant(REFERENCE, positions_that_change=make_positions(skip_t=True))),
-    Bug("the logits at the last position, not at t", "model(idx)[0][:, t] is the prediction at t; the last "
-        "position also sees the tokens after t.", variant(REFERENCE, positions_that_change=make_positions(last=True))),
+    Bug("reach L*w", "a window of w keys holds position t itself and only w-1 earlier ones: one layer reaches w-1 back, "
+        "L layers L(w-1).", {REACH: "n_layer * window"}),
+    Bug("position t itself left out", "the token at t is its own key (k_pos <= q_pos): it always changes the logits at t.",
+        {"for j in range(idx.size(1)):": "for j in range(t):"}),
+    Bug("the logits at the last position, not at t", "model(idx)[0][:, t] is the prediction at t; the last position also "
+        "sees the tokens after t.", {"before = model(idx)[0][:, t]": "before = model(idx)[0][:, -1]", AFTER: "model(other)[0][:, -1]"}),
 ]
-
-
-# -- Further wrong answers the checker must reject -----------------------------------------------
-
-def make_wrong(perturb=lambda token, vocab: (token + 1) % vocab, differs=lambda a, b: not torch.equal(a, b),
-               in_place=False, as_double=False):
-    def positions_that_change(model, idx, t):
-        if as_double:
-            model.double()                                       # "exact" comparisons: the caller's model changes
-        with torch.no_grad():
-            before = model(idx)[0][:, t]
-            changed = []
-            for j in range(idx.size(1)):
-                other = idx if in_place else idx.clone()         # in_place: the caller's idx is perturbed
-                other[0, j] = perturb(int(other[0, j]), model.config.vocab_size)
-                if differs(model(other)[0][:, t], before):
-                    changed.append(j)
-        return changed
-    return positions_that_change
-
-
-def from_the_config(model, idx, t):
-    """The positions the theory predicts (the window, the layers), not measured."""
-    c = model.config
-    first = 0 if c.attn != "swa" else max(0, t - c.n_layer * (c.window - 1))
-    return list(range(first, t + 1))
-
-
-def wrong_positions(**how):
-    return SimpleNamespace(positions_that_change=make_wrong(**how), swa_reach=solution.swa_reach)
-
-
-def wrong_reach(swa_reach):
-    return SimpleNamespace(positions_that_change=solution.positions_that_change, swa_reach=swa_reach)
-
 
 MUTANTS = [
-    Mutant("the token set to 0, not changed", wrong_positions(perturb=lambda token, vocab: 0),
-           expect="position 6 (token 0) is missing"),
-    Mutant("token + 1 without the modulo", wrong_positions(perturb=lambda token, vocab: token + 1),
-           expect="IndexError"),
-    Mutant("the tiny model's vocabulary hard-coded (% 37)", wrong_positions(perturb=lambda token, vocab: (token + 1) % 37),
-           expect="IndexError"),
-    Mutant("torch.allclose, not torch.equal", wrong_positions(differs=lambda a, b: not torch.allclose(a, b)),
-           expect="a faint change, but not zero"),
-    Mutant("the predicted token compared, not the logits",
-           wrong_positions(differs=lambda a, b: not torch.equal(a.argmax(-1), b.argmax(-1))), expect="is missing"),
-    Mutant("the positions from the config, not measured",
-           SimpleNamespace(positions_that_change=from_the_config, swa_reach=solution.swa_reach),
-           expect="position 5 (token 16) is missing"),
-    Mutant("idx perturbed in place", wrong_positions(in_place=True), expect="changed its input `idx`"),
-    Mutant("the model made float64 for exact comparisons", wrong_positions(as_double=True),
-           expect="changed its input `model`"),
-    Mutant("swa_reach with the window hard-coded", wrong_reach(lambda n_layer, window: n_layer * 3),
-           expect="it does not change with window"),
-    Mutant("swa_reach as n_layer * window - 1", wrong_reach(lambda n_layer, window: n_layer * window - 1),
-           expect="yours 3, measured 2"),
-    Mutant("the checker's measurement imported",
-           source="def positions_that_change(model, idx, t):\n"
-                  "    from exercises.solutions.ex06_reach import positions_that_change\n"
-                  "    return positions_that_change(model, idx, t)\n\n\n"
-                  "def swa_reach(n_layer, window):\n"
-                  "    from exercises.checks.ex06_reach import measured_reach\n"
-                  "    return measured_reach(n_layer, window)\n",
-           expect="is not available to your code"),
-    Mutant("the stored solution imported at the top",
-           source="from exercises.solutions.ex06_reach import positions_that_change, swa_reach\n",
-           expect="does not import: ImportError"),
+    Mutant("the token set to 0, not changed", "position 6 (token 0) is missing", {PERTURBED: "0"}),
+    Mutant("token + 1 without the modulo", "IndexError", {PERTURBED: "other[0, j] + 1"}),
+    Mutant("the tiny model's vocabulary hard-coded (% 37)", "IndexError", {PERTURBED: "(other[0, j] + 1) % 37"}),
+    Mutant("torch.allclose, not torch.equal", "a faint change, but not zero", {COMPARED: f"if not torch.allclose({AFTER}, before):"}),
+    Mutant("the logits compared after .float()", "below float32's resolution",
+           {COMPARED: f"if not torch.equal({AFTER}.float(), before.float()):"}),
+    Mutant("the predicted token compared, not the logits", "is missing",
+           {COMPARED: f"if not torch.equal({AFTER}.argmax(-1), before.argmax(-1)):"}),
+    Mutant("the positions from the config, not measured", "position 5 (token 16) is missing",
+           {"    with torch.no_grad():\n        before": "    c = model.config\n    first = 0 if c.attn != 'swa' else "
+            "max(0, t - c.n_layer * (c.window - 1))\n    return list(range(first, t + 1))\n    with torch.no_grad():\n        before"}),
+    Mutant("idx perturbed in place", "changed its input `idx`", {"other = idx.clone()": "other = idx"}),
+    Mutant("the model made float64 for exact comparisons", "changed its input `model`",
+           {"    with torch.no_grad():\n        before": "    model.double()\n    with torch.no_grad():\n        before"}),
+    Mutant("swa_reach with the window hard-coded", "it does not change with window", {REACH: "n_layer * 3"}),
+    Mutant("swa_reach as n_layer * window - 1", "yours 3, measured 2", {REACH: "n_layer * window - 1"}),
+    Mutant("swa_reach one too far", "off by one", {REACH: "n_layer * (window - 1) + 1"}),
+    Mutant("the checker's measurement imported", "is not available to your code",
+           {"    return n_layer * (window": "    from exercises.checks.ex06_reach import measured_reach\n"
+                                         "    return measured_reach(n_layer, window)\n    return n_layer * (window"}),
+    Mutant("the stored solution imported at the top", "does not import: ImportError",
+           source="from exercises.solutions.ex06_reach import positions_that_change, swa_reach\n"),
 ]
 
+ALSO_RIGHT = """import torch
 
-# -- Cases --------------------------------------------------------------------------------------
 
-# (attn, n_layer, window, T, t, what else): every dimension an answer could hard-code varies: the depth
-# and the window (one not dividing T), the vocabulary (token vocab_size - 1 is planted at t, token 0 at
-# t - 1: a perturbation must change both), heads, rope_base, seed, float32, the convolution, t = 0.
+def positions_that_change(model, idx, t):
+    vocab = model.config.vocab_size
+    with torch.no_grad():
+        logits = lambda tokens: model(tokens)[0][0, t]
+        before = logits(idx)
+        found = []
+        for j in range(t + 1):                      # nothing after t can matter
+            other = idx.clone()
+            other[0, j] = (other[0, j] + vocab // 2) % vocab
+            if (logits(other) != before).any():
+                found.append(j)
+    return found
+
+
+def swa_reach(n_layer, window):
+    return (window - 1) * n_layer
+"""
+
+# (attn, n_layer, window, T, t, what else): every dimension an answer could hard-code varies: the depth and the window
+# (one not dividing T), the vocabulary (token vocab_size - 1 is planted at t, token 0 at t - 1: a perturbation must
+# change both), heads, rope_base, seed, float32, the convolution, t = 0, influences faint enough that only float64 sees them
 POSITIONS = [
-    ("swa", 1, 2, 8, 7, {}),
-    ("swa", 1, 3, 8, 5, dict(vocab_size=11, seed=1)),
-    ("orthros", 1, 2, 8, 7, {}),
-    ("orthros", 3, 2, 9, 0, {}),
-    ("transformer", 2, 3, 10, 9, {}),
-    ("swa", 3, 2, 10, 9, dict(faint=0.01)),
-    ("swa", 2, 3, 12, 11, dict(n_head=4, rope_base=500.0)),
-    ("orthros", 2, 3, 12, 8, dict(dtype=torch.float32, seed=2)),
-    ("swa", 2, 3, 14, 13, dict(conv_kernel=3)),
+    ("swa", 1, 2, 8, 7, {}), ("swa", 1, 3, 8, 5, dict(vocab_size=11, seed=1)), ("orthros", 1, 2, 8, 7, {}),
+    ("orthros", 3, 2, 9, 0, {}), ("transformer", 2, 3, 10, 9, {}), ("swa", 3, 2, 10, 9, dict(faint=0.01)),
+    ("swa", 3, 2, 10, 9, dict(faint=1e-4)), ("swa", 2, 3, 12, 11, dict(n_head=4, rope_base=500.0)),
+    ("orthros", 2, 3, 12, 8, dict(dtype=torch.float32, seed=2)), ("swa", 2, 3, 14, 13, dict(conv_kernel=3)),
     ("swa", 3, 4, 16, 12, dict(n_head=4, dtype=torch.float32, seed=3)),
 ]
 REACHES = [(1, 1), (1, 2), (2, 2), (3, 2), (1, 4), (2, 3), (3, 4), (2, 8), (4, 5), (12, 128)]   # the last: the paper's
 
 
 def cases(**options):
-    found = []
+    yield from [Case(f"swa_reach(n_layer={n_layer}, window={window})" + (" (the paper's)" if window == 128 else ""),
+                   inputs=lambda n_layer=n_layer, window=window: dict(n_layer=n_layer, window=window), call=checked_reach,
+                   invariant="t minus the farthest position that moves a sliding-window model's logits at t, measured live "
+                             "with the stored solution's positions_that_change", expected=measured_reach, output="your reach")
+             for n_layer, window in REACHES]
     for attn, n_layer, window, T, t, more in POSITIONS:
         more = dict(more)
         dtype, faint, seed = more.pop("dtype", None), more.pop("faint", None), more.pop("seed", 0)
         model = tiny_model(attn, seed=seed, n_layer=n_layer, window=window, **more)
-        if faint:
-            with torch.no_grad():
-                for block in model.blocks:
-                    block.attn.c_proj.weight.mul_(faint)
+        with torch.no_grad():
+            for block in model.blocks if faint else []:
+                block.attn.c_proj.weight.mul_(faint)
         vocab = model.config.vocab_size
         idx = tokens(1, T, vocab=vocab, seed=T + seed)
         idx[0, max(t - 1, 0)], idx[0, t] = 0, vocab - 1
         details = ", ".join([f"{n_layer} layer(s)", f"n_head={model.config.n_head}", f"w={window}", f"vocab_size={vocab}"] +
                             [f"{k}={v!r}" for k, v in more.items() if k not in ("n_head", "vocab_size")] +
-                            (["float32"] if dtype else []) + ([f"each attention's output projection scaled by {faint} "
-                                                               "(faint far influences)"] if faint else []))
+                            (["float32"] if dtype else []) +
+                            ([f"each attention's output projection scaled by {faint} (faint far influences)"] if faint else []))
         planted = (f"token 0 at position {t - 1}, " if t else "") + f"token {vocab - 1} (= vocab_size - 1) at position {t}"
-        found.append(Case(
+        yield Case(
             f"positions_that_change(model, idx, t={t}): attn={attn!r}, {details}; idx of shape (1, {T}) with {planted}",
-            inputs=lambda model=model, idx=idx, t=t: dict(model=model, idx=idx, t=t),
-            call=checked_positions, dtype=dtype,
-            invariant="the positions whose token moves the logits at t: for SWA exactly t - L(w-1) ... t (a "
-                      "convolution of kernel k reaches k-1 further per layer); for Orthros (the output stream) and "
-                      "the Transformer every position 0 ... t; never one after t"))
-    for n_layer, window in REACHES:
-        found.append(Case(
-            f"swa_reach(n_layer={n_layer}, window={window})" + (" (the paper's)" if window == 128 else ""),
-            inputs=lambda n_layer=n_layer, window=window: dict(n_layer=n_layer, window=window),
-            call=checked_reach,
-            invariant="t minus the farthest position that moves a sliding-window model's logits at t, measured "
-                      "live with the stored solution's positions_that_change",
-            expected=measured_reach))
-    return found
+            inputs=lambda model=model, idx=idx, t=t: dict(model=model, idx=idx, t=t), call=checked_positions,
+            dtype=dtype, output="your positions",
+            invariant="the positions whose token moves the logits at t: for SWA exactly t - L(w-1) ... t (a convolution "
+                      "of kernel k reaches k-1 further per layer); for Orthros (the output stream) and the Transformer "
+                      "every position 0 ... t; never one after t")
 
 
 def checked_positions(answer, model, idx, t):
     """The answer's positions; when they are not the measured ones, which position is wrong and why."""
     right = measured_positions(model, idx, t)
     mine = answer.positions_that_change(model, idx, t)
-    if inspect.unwrap(answer.positions_that_change) is solution.positions_that_change:
-        return mine   # the reference's own run: nothing to explain
-    if mine == right:
+    if inspect.unwrap(answer.positions_that_change) is solution.positions_that_change or mine == right:
         return mine
     try:
         mine_set = {int(j) for j in mine}
     except (TypeError, ValueError):
         return mine   # the framework reports the difference
     head = f"yours {short(mine)}, measured {short(right)}"
-    if len(mine_set) == len(mine) and sorted(mine_set) != list(mine):
-        raise Wrong(f"{head}: the right positions, but your list is not sorted")
     if len(mine_set) < len(mine):
         raise Wrong(f"{head}: your list repeats a position")
-    T, vocab = idx.size(1), model.config.vocab_size
+    if sorted(mine_set) != list(mine):
+        raise Wrong(f"{head}: the right positions, but your list is not sorted")
     missing, extra = sorted(set(right) - mine_set), sorted(mine_set - set(right))
-    if missing:
-        j = missing[0]
-        token = int(idx[0, j])
-        moved = influence(model, idx, t, j)
-        faint = " (a faint change, but not zero: compare exactly)" if moved < 1e-6 else ""
-        raise Wrong(f"{head}: position {j} (token {token}) is missing, though changing its token ({token} -> "
-                    f"{(token + 1) % vocab}) moves the logits at t={t} by up to {moved:.2g}{faint}")
-    j = extra[0]
-    if not 0 <= j < T:
-        raise Wrong(f"{head}: position {j} is not a position of idx (0 ... {T - 1})")
+    j = (missing or extra)[0]
+    if not 0 <= j < idx.size(1):
+        raise Wrong(f"{head}: position {j} is not a position of idx (0 ... {idx.size(1) - 1})")
     if j > t:
         raise Wrong(f"{head}: position {j} is after t={t}: the logits at t never see it (k_pos <= q_pos)")
-    token = int(idx[0, j])
-    raise Wrong(f"{head}: position {j} (token {token}) is in yours, though changing its token ({token} -> "
-                f"{(token + 1) % vocab}) leaves the logits at t={t} exactly as they were")
+    token, vocab = int(idx[0, j]), model.config.vocab_size
+    moved, size = influence(model, idx, t, j)
+    if not missing:
+        raise Wrong(f"{head}: position {j} (token {token}) is in yours, though changing its token ({token} -> "
+                    f"{(token + 1) % vocab}) leaves the logits at t={t} exactly as they were")
+    faint = "" if moved >= 1e-6 else " (a faint change, but not zero: compare exactly" + (
+        ", in the model's dtype: it is below float32's resolution)" if moved < 1e-7 * size else ")")
+    raise Wrong(f"{head}: position {j} (token {token}) is missing, though changing its token ({token} -> "
+                f"{(token + 1) % vocab}) moves the logits at t={t} by up to {moved:.2g}{faint}")
 
 
 MEASURED = {}
 
 
 def measured_positions(model, idx, t):
-    """The stored solution's measurement, once per model, input and t (the answer's run gets a copy of
-    the inputs the reference's run got)."""
-    weights = tuple(float(p.double().sum()) for p in model.state_dict().values())
-    key = (repr(model.config), str(model.wte.weight.dtype), tuple(idx.flatten().tolist()), t, weights)
+    """The stored solution's measurement, once per model, input and t (the answer's run gets a copy of the inputs
+    the reference's run got)."""
+    key = (repr(model.config), str(model.wte.weight.dtype), tuple(idx.flatten().tolist()), t,
+           tuple(float(p.double().sum()) for p in model.state_dict().values()))
     if key not in MEASURED:
         MEASURED[key] = solution.positions_that_change(model, idx, t)
     return list(MEASURED[key])
 
 
 def influence(model, idx, t, j):
+    """How far changing token j moves the logits at t, and how large those logits are."""
     with torch.no_grad():
         other = idx.clone()
         other[0, j] = (other[0, j] + 1) % model.config.vocab_size
-        return (model(other)[0][:, t] - model(idx)[0][:, t]).abs().max().item()
+        before = model(idx)[0][:, t]
+        return (model(other)[0][:, t] - before).abs().max().item(), before.abs().max().item()
 
 
 def checked_reach(answer, n_layer, window):
-    """The answer's reach; when it is wrong and does not change with a dimension, say so."""
-    mine = answer.swa_reach(n_layer, window)
-    right = measured_reach(n_layer, window)
+    """The answer's reach; when it is wrong: off by one?, and how it and the measured reach change with each dimension."""
+    mine, right = answer.swa_reach(n_layer, window), measured_reach(n_layer, window)
     if mine == right:
         return mine
-    notes = []
+    notes = ["off by one"] if isinstance(mine, int) and abs(mine - right) == 1 else []
     for name, args in (("window", (n_layer, window + 1)), ("n_layer", (n_layer + 1, window))):
         try:
-            other = answer.swa_reach(*args)
+            theirs, measured = answer.swa_reach(*args), measured_reach(*args)
         except Exception:
             continue
-        if other == mine:
-            notes.append(f"your swa_reach{args} is {short(other)} too: it does not change with {name}")
-    raise Wrong(f"yours {short(mine)}, measured {right}" + ("; " + "; ".join(notes) if notes else ""))
+        stuck = f": it does not change with {name}, the measured reach does" if theirs == mine and measured != right else ""
+        notes.append(f"your swa_reach{args} is {short(theirs)}, measured {measured}{stuck}")
+    raise Wrong(f"yours {short(mine)}, measured {right}" + "".join(f"; {note}" for note in notes))
 
 
 @functools.lru_cache(maxsize=None)
 def measured_reach(n_layer, window):
-    """t minus the farthest position that moves the logits at t = T - 1 of a tiny SWA model, measured
-    live: by perturbing every position of a short sequence, as the exercise does; for deep models and
-    long windows (the paper's 12 layers, w = 128), whose farthest influences are lost to float64's
-    rounding (about (1/w)^L), by autograd: the gradient of the logits at t with respect to each
-    position's embedding is exactly zero beyond the reach, and not zero within it."""
+    """t minus the farthest position that moves the logits at t = T - 1 of a tiny SWA model, measured live: by
+    perturbing every position of a short sequence, as the exercise does; for deep models and long windows (the paper's
+    12 layers, w = 128), whose farthest influences are lost to float64's rounding (about (1/w)^L), by autograd: the
+    gradient of the logits at t with respect to each position's embedding is exactly zero beyond the reach."""
     T = n_layer * (window - 1) + 3  # room for the whole reach and two positions beyond it
     if T <= 64:
         model = tiny_model("swa", n_layer=n_layer, window=window)
@@ -273,10 +219,8 @@ def measured_reach(n_layer, window):
     model = tiny_model("swa", n_layer=n_layer, window=window, n_embd=8, n_head=1, max_seq_len=T)
     kept = {}
     hook = model.wte.register_forward_hook(lambda module, args, out: kept.setdefault("embeddings", out))
-    try:
-        logits = model(tokens(1, T, seed=T))[0]
-    finally:
-        hook.remove()
+    logits = model(tokens(1, T, seed=T))[0]
+    hook.remove()
     grad, = torch.autograd.grad(logits[0, T - 1].sum(), kept["embeddings"])
     return T - 1 - int((grad[0] != 0).any(-1).nonzero().min())
 

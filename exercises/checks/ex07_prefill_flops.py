@@ -1,13 +1,13 @@
-"""Exercise 7, prefill FLOPs: the checker, hints and known bugs."""
+"""Exercise 7, prefill FLOPs: the checker."""
 
 import dataclasses
-import statistics
 import time
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 
-from exercises.framework import Bug, Case, Mutant, Wrong, patched, student_side, variant
+from exercises.framework import Bug, Case, Mutant, Wrong
 from exercises.solutions import ex07_prefill_flops as solution
 from orthros import Orthros, OrthrosConfig
 from perf import bench
@@ -18,63 +18,75 @@ MINUTES = 35
 TEACHES = "why prefill is linear: T(T+1)/2 pairs against ~Tw + T; the FLOP-limit speedup against a measured one"
 FUNCTIONS = ("attended_pairs", "prefill_flops")
 REFERENCE = SimpleNamespace(attended_pairs=bench.attended_pairs, prefill_flops=solution.prefill_flops)
-RETURNS = {"attended_pairs": "pair count", "prefill_flops": "FLOP count"}
 BENCH = "perf/bench.py's FLOP count, which the checker compares yours with: count them yourself"
 FORBIDDEN = {bench.forward_flops: BENCH, bench.prefill_flop_limits: BENCH, bench.train_flops: BENCH}
+PAPER = "T=300), orthros, the paper's"
 
 HINTS = [
-    "Count pairs row by row. Without a window, the query at position t sees t + 1 keys; the last n_q "
-    "queries are t = T-n_q ... T-1. With a window, the first w queries see 1, 2, ..., w keys and every "
-    "later one exactly w (careful when w > T). Then FLOPs: every token in a layer pays the token-wise "
-    "matrices; Orthros's prefill has T base tokens and ONE output token, which has a query but no key.",
-    "attended_pairs, no window: the last n_q queries sit at T-n_q ... T-1 and see t + 1 keys each: an "
-    "arithmetic series, n_q terms from T-n_q+1 up to T. With a window: the first min(w, T) queries see "
-    "1, 2, ... keys (a triangle), every later one exactly w. Integers only: // not /.\n"
-    "prefill_flops, per layer: (tokens through the layer) x 10 C^2 x 2, plus (base tokens) x 2 C^2 x 2 for W_K, "
-    "W_V, plus 4 C per attended pair; the pairs are causal for the Transformer, windowed for SWA and "
-    "Orthros's base tokens, plus the one output query's full row for Orthros. Times n_layer, plus 2 C V for the "
-    "LM head at the one position with logits.",
-    "Paper, section 3.3 (Complexity Analysis): sliding window attention O(TWd), full cross-attention "
-    "O(T_out T d), token-wise projections O((T + T_out) d^2); prefilling has T_out = 1. In the repo: "
-    "perf/bench.py, forward_flops and prefill_flop_limits.",
+    "Count pairs row by row. Without a window, the query at position t sees t + 1 keys; the last n_q queries are t = "
+    "T-n_q ... T-1. With a window, the first w queries see 1, 2, ..., w keys and every later one exactly w (careful "
+    "when w > T). Then FLOPs: every token in a layer pays the token-wise matrices; Orthros's prefill has T base tokens"
+    " and ONE output token, which has a query but no key.",
+    "attended_pairs, no window: the last n_q queries sit at T-n_q ... T-1 and see t + 1 keys each: an arithmetic "
+    "series, n_q terms from T-n_q+1 up to T. With a window: the first min(w, T) queries see 1, 2, ... keys (a "
+    "triangle), every later one exactly w. Integers only: // not /.\n"
+    "prefill_flops, per layer: (tokens through the layer) x 10 C^2 x 2, plus (base tokens) x 2 C^2 x 2 for W_K, W_V, "
+    "plus 4 C per attended pair; the pairs are causal for the Transformer, windowed for SWA and Orthros's base tokens,"
+    " plus the one output query's full row for Orthros. Times n_layer, plus 2 C V for the LM head at the one position "
+    "with logits.",
+    "Paper, section 3.3 (Complexity Analysis): sliding window attention O(TWd), full cross-attention O(T_out T d), "
+    "token-wise projections O((T + T_out) d^2); prefilling has T_out = 1. In the repo: perf/bench.py, forward_flops "
+    "and prefill_flop_limits.",
 ]
 
 
-# -- Known bugs ---------------------------------------------------------------------------------
-
-def every_query_w_keys(T, window=None, n_q=None):
-    n_q = T if n_q is None else n_q
-    if window is None:
-        return n_q * T - n_q * (n_q - 1) // 2
-    return T * window  # the first w-1 queries have fewer than w keys before them
-
-
-def make_flops(kv_on_outputs=False, lm_head_all=False):
-    def prefill_flops(cfg, T):
-        C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
-        n_tokens = T + 1 if cfg.attn == "orthros" else T
-        tokenwise = 2 * 12 * C * C * n_tokens if kv_on_outputs else 2 * (10 * C * C * n_tokens + 2 * C * C * T)
-        if cfg.attn == "transformer":
-            pairs = bench.attended_pairs(T)
-        else:
-            pairs = bench.attended_pairs(T, cfg.window)
-            if cfg.attn == "orthros":
-                pairs += bench.attended_pairs(T, None, n_q=1)
-        return L * (tokenwise + 4 * C * pairs) + 2 * C * V * (T if lm_head_all else 1)
-    return prefill_flops
-
-
+LOADED = "    C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size\n"
+SOLUTION = "def attended_pairs("
+WINDOWED = "return w * (w + 1) // 2 + (T - w) * window"
+TOKENWISE = "tokenwise = 2 * (10 * C * C * n_tokens + 2 * C * C * T)"
 BUGS = [
-    Bug("every query counted with w keys", "T * w overcounts: query t < w has only t + 1 keys (w(w+1)/2 pairs "
-        "for the first w queries), and with w > T no query has w.", variant(REFERENCE, attended_pairs=every_query_w_keys)),
-    Bug("W_K, W_V on the output token too", "keys and values come from base tokens only: the output token pays "
-        "W_Q, W_O and the MLP (10 C^2), not W_K, W_V.", variant(REFERENCE, prefill_flops=make_flops(kv_on_outputs=True))),
-    Bug("the LM head on all T tokens", "prefill returns logits at the last position only (t_out = 1): 2 C V, "
-        "not 2 C V T.", variant(REFERENCE, prefill_flops=make_flops(lm_head_all=True))),
+    Bug("every query counted with w keys", "T * w overcounts: query t < w has only t + 1 keys (w(w+1)/2 pairs for the "
+        "first w queries), and with w > T no query has w.", {WINDOWED: "return T * window"}),
+    Bug("W_K, W_V on the output token too", "keys and values come from base tokens only: the output token pays W_Q, W_O "
+        "and the MLP (10 C^2), not W_K, W_V.", {TOKENWISE: "tokenwise = 2 * 12 * C * C * n_tokens"}),
+    Bug("the LM head on all T tokens", "prefill returns logits at the last position only (t_out = 1): 2 C V, not 2 C V T.",
+        {"+ 2 * C * V": "+ 2 * C * V * T"}),
 ]
 
+MUTANTS = [
+    Mutant("bench.forward_flops returned", "your code called perf.bench.forward_flops",
+           {SOLUTION: "from perf import bench\n\n\n" + SOLUTION, LOADED: "    return bench.forward_flops(cfg, T, 1)\n"}),
+    Mutant("bench.forward_flops captured at import", "holds perf.bench.forward_flops",
+           {SOLUTION: "from perf.bench import forward_flops as _count\n\n\n" + SOLUTION, LOADED: "    return _count(cfg, T, 1)\n"}),
+    Mutant("bench's attended_pairs imported for prefill_flops", "holds perf.bench.attended_pairs",
+           {SOLUTION: "from perf.bench import attended_pairs as pairs\n\n\n" + SOLUTION}),
+    Mutant("attended_pairs: n_q ignored", "the last 1 of T=2 queries", {"    n_q = T if n_q is None else n_q\n": "    n_q = T\n"}),
+    Mutant("attended_pairs: the window not clamped to T", "yours 0, the reference 1", {"w = min(window, T)": "w = window"}),
+    Mutant("attended_pairs: / for //", "your pair count is a float", {"n_q * (n_q - 1) // 2": "n_q * (n_q - 1) / 2"}),
+    Mutant("the paper's window hard-coded (128)", "it does not change with cfg.window",
+           {"attended_pairs(T, cfg.window)": "attended_pairs(T, 128)"}),
+    Mutant("the paper's 12 layers hard-coded", "it does not change with cfg.n_layer", {LOADED: LOADED.replace("cfg.n_layer", "12")}),
+    Mutant("n_head for n_layer", "it changes with cfg.n_head", {LOADED: LOADED.replace("cfg.n_layer", "cfg.n_head")}),
+    Mutant("4 head_dim per pair, not 4 C", "it changes with cfg.n_head", {"4 * C * pairs": "4 * (C // cfg.n_head) * pairs"}),
+    Mutant("SWA counted with an output token", "perf/bench.py's count for attn='orthros'",
+           {'T + 1 if cfg.attn == "orthros"': 'T + 1 if cfg.attn != "transformer"',
+            'if cfg.attn == "orthros":\n': 'if cfg.attn != "transformer":\n'}),
+    Mutant("the LM head left out", "as if the LM head ran at 0 positions", {" + 2 * C * V": ""}),
+]
 
-# -- Cases --------------------------------------------------------------------------------------
+ALSO_RIGHT = """def attended_pairs(T, window=None, n_q=None):
+    n_q = T if n_q is None else n_q
+    return sum(t + 1 if window is None else min(t + 1, window) for t in range(T - n_q, T))
+
+
+def prefill_flops(cfg, T):
+    C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
+    outputs = 1 if cfg.attn == 'orthros' else 0
+    matrices = 2 * C * C * (T + outputs) * 2 + 2 * C * C * T * 2 + 2 * 8 * C * C * (T + outputs)
+    pairs = attended_pairs(T, None if cfg.attn == 'transformer' else cfg.window)
+    pairs += attended_pairs(T, None, 1) * outputs
+    return L * (matrices + 2 * 2 * C * pairs) + 2 * C * V
+"""
 
 SIZES = {"tiny (2 x 16, 2 heads, w=4, V=37)": OrthrosConfig(vocab_size=37, n_layer=2, n_head=2, n_embd=16, window=4),
          "odd (3 x 48, 4 heads, w=7, V=101)": OrthrosConfig(vocab_size=101, n_layer=3, n_head=4, n_embd=48, window=7),
@@ -82,129 +94,24 @@ SIZES = {"tiny (2 x 16, 2 heads, w=4, V=37)": OrthrosConfig(vocab_size=37, n_lay
          "the paper's (12 x 768, 6 heads, w=128, V=50304)": OrthrosConfig()}
 
 
-# -- Further wrong answers the checker must reject ----------------------------------------------
-
-@student_side   # the mutants' own attended_pairs, and what their prefill_flops call
-def right_pairs(T, window=None, n_q=None):
-    n_q = T if n_q is None else n_q
-    if window is None:
-        return n_q * T - n_q * (n_q - 1) // 2
-    w = min(window, T)
-    return w * (w + 1) // 2 + (T - w) * window
-
-
-def pairs_without_n_q(T, window=None, n_q=None):
-    return right_pairs(T, window)                              # every query counted, whatever n_q
-
-
-def pairs_unclamped(T, window=None, n_q=None):
-    if window is None:
-        return right_pairs(T, None, n_q)
-    return window * (window + 1) // 2 + (T - window) * window   # w > T: more keys than there are
-
-
-def pairs_float(T, window=None, n_q=None):
-    n_q = T if n_q is None else n_q
-    if window is None:
-        return n_q * T - n_q * (n_q - 1) / 2                   # / where // keeps an int
-    return right_pairs(T, window)
-
-
-def make_wrong(window=None, per_head=False, layers=None, n_head_layers=False, swa_output_token=False, lm_head=1):
-    def prefill_flops(cfg, T):
-        C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
-        L = cfg.n_head if n_head_layers else layers or L
-        w = window or cfg.window
-        has_output = cfg.attn == "orthros" or swa_output_token and cfg.attn == "swa"
-        n_tokens = T + 1 if has_output else T
-        tokenwise = 2 * (10 * C * C * n_tokens + 2 * C * C * T)
-        pairs = right_pairs(T) if cfg.attn == "transformer" else right_pairs(T, w)
-        if has_output and cfg.attn != "transformer":
-            pairs += right_pairs(T, None, 1)
-        per_pair = 4 * (C // cfg.n_head if per_head else C)
-        return L * (tokenwise + per_pair * pairs) + 2 * C * V * lm_head
-    return prefill_flops
-
-
-def wrong(**how):
-    return SimpleNamespace(attended_pairs=right_pairs, prefill_flops=make_wrong(**how))
-
-
-RIGHT_PAIRS_SOURCE = ("def attended_pairs(T, window=None, n_q=None):\n"
-                      "    n_q = T if n_q is None else n_q\n"
-                      "    if window is None:\n"
-                      "        return n_q * T - n_q * (n_q - 1) // 2\n"
-                      "    w = min(window, T)\n"
-                      "    return w * (w + 1) // 2 + (T - w) * window\n\n\n")
-
-MUTANTS = [
-    Mutant("bench.forward_flops returned",
-           source="from perf import bench\n\n\n" + RIGHT_PAIRS_SOURCE +
-                  "def prefill_flops(cfg, T):\n"
-                  "    return bench.forward_flops(cfg, T, 1)\n",
-           expect="your code called perf.bench.forward_flops"),
-    Mutant("bench.forward_flops captured at import",
-           source="from perf.bench import forward_flops as _count\n\n\n" + RIGHT_PAIRS_SOURCE +
-                  "def prefill_flops(cfg, T):\n"
-                  "    return _count(cfg, T, 1)\n",
-           expect="holds perf.bench.forward_flops"),
-    Mutant("bench's attended_pairs imported for prefill_flops",
-           source="from perf.bench import attended_pairs as pairs\n\n\n" + RIGHT_PAIRS_SOURCE +
-                  "def prefill_flops(cfg, T):\n"
-                  "    C = cfg.n_embd\n"
-                  "    return cfg.n_layer * (2 * 12 * C * C * T + 4 * C * pairs(T, cfg.window)) + 2 * C * cfg.vocab_size\n",
-           expect="holds perf.bench.attended_pairs"),
-    Mutant("attended_pairs: n_q ignored", SimpleNamespace(attended_pairs=pairs_without_n_q, prefill_flops=make_wrong()),
-           expect="the last 1 of T=2 queries"),
-    Mutant("attended_pairs: the window not clamped to T", SimpleNamespace(attended_pairs=pairs_unclamped,
-                                                                         prefill_flops=make_wrong()),
-           expect="yours 0, the reference 1"),
-    Mutant("attended_pairs: / for //", SimpleNamespace(attended_pairs=pairs_float, prefill_flops=make_wrong()),
-           expect="your pair count is a float"),
-    Mutant("the paper's window hard-coded (128)", wrong(window=128), expect="it does not change with cfg.window"),
-    Mutant("the paper's 12 layers hard-coded", wrong(layers=12), expect="it does not change with cfg.n_layer"),
-    Mutant("n_head for n_layer", wrong(n_head_layers=True), expect="it changes with cfg.n_head"),
-    Mutant("4 head_dim per pair, not 4 C", wrong(per_head=True), expect="it changes with cfg.n_head"),
-    Mutant("SWA counted with an output token", wrong(swa_output_token=True),
-           expect="perf/bench.py's count for attn='orthros'"),
-    Mutant("the LM head left out", wrong(lm_head=0), expect="as if the LM head ran at 0 positions"),
-]
-
-
 def cases(**options):
-    found = []
-    calls = []
-    for T in (1, 2, 3, 4, 5, 8, 100):
-        calls += [(T, None, None)] + [(T, w, None) for w in (1, 2, 3, 8)] + \
-                 [(T, None, n_q) for n_q in sorted({1, 2, T // 2, T} & set(range(1, T + 1)))]
-    calls += [(T, 128, None) for T in (127, 128, 129, 300)] + [(300, None, n_q) for n_q in (1, 128, 300)]
-    for T, window, n_q in calls:
-        found.append(Case(
-            f"attended_pairs(T={T}, window={window}, n_q={n_q})" + (" (the paper's window)" if window == 128 else ""),
-            inputs=lambda T=T, window=window, n_q=n_q: dict(T=T, window=window, n_q=n_q),
-            call=lambda answer, T, window, n_q: answer.attended_pairs(T, window, n_q),
-            invariant=pairs_in_words(T, window, n_q)))
-    for name, cfg in SIZES.items():
-        for attn in ("transformer", "swa", "orthros"):
-            for T, t_out in ((7, 7), (300, 1), (300, 40)):
-                found.append(Case(
-                    f"bench.forward_flops(cfg, T={T}, t_out={t_out}), {attn}, {name}, with your attended_pairs "
-                    "patched into perf/bench.py",
-                    inputs=lambda cfg=dataclasses.replace(cfg, attn=attn), T=T, t_out=t_out: dict(cfg=cfg, T=T, t_out=t_out),
-                    call=patched_forward_flops,
-                    invariant="perf/bench.py's FLOP counts (prefill, SFT, pre-training) are unchanged with your "
-                              "attended_pairs", output="bench.forward_flops's count"))
-    for name, cfg in SIZES.items():
-        for T in (1, 3, 4, 5, 7, 8, 100, 127, 128, 129, 300, 32768, 262144):
-            for attn in ("transformer", "swa", "orthros"):
-                found.append(Case(
-                    f"prefill_flops(cfg, T={T}), {attn}, {name}",
-                    inputs=lambda cfg=dataclasses.replace(cfg, attn=attn), T=T: dict(cfg=cfg, T=T),
-                    call=checked_flops,
-                    invariant="exactly bench.forward_flops(cfg, T, 1): token-wise matrices on every token (Orthros: "
-                              "T + 1), W_K, W_V on the T base tokens, 4C per attended pair, the LM head at one position",
-                    expected=lambda cfg, T: bench.forward_flops(cfg, T, 1)))
-    return found
+    calls = [c for T in (1, 2, 3, 4, 5, 8, 100) for c in [(T, None, None)] + [(T, w, None) for w in (1, 2, 3, 8)] +
+             [(T, None, n_q) for n_q in sorted({1, 2, T // 2, T} & set(range(1, T + 1)))]]
+    yield from [Case(f"attended_pairs(T={T}, window={window}, n_q={n_q})" + (" (the paper's window)" if window == 128 else ""),
+                     inputs=lambda T=T, window=window, n_q=n_q: dict(T=T, window=window, n_q=n_q), output="your pair count",
+                     call=lambda answer, T, window, n_q: answer.attended_pairs(T, window, n_q), invariant=pairs_in_words(T, window, n_q))
+                for T, window, n_q in calls + [(T, 128, None) for T in (127, 128, 129, 300)] + [(300, None, n) for n in (1, 128, 300)]]
+    configs = [(name, dataclasses.replace(cfg, attn=attn)) for name, cfg in SIZES.items() for attn in ("transformer", "swa", "orthros")]
+    yield from [Case(f"bench.forward_flops(cfg, T={T}, t_out={t_out}), {cfg.attn}, {name}, with your attended_pairs patched into "
+                     "perf/bench.py", inputs=lambda cfg=cfg, T=T, t_out=t_out: dict(cfg=cfg, T=T, t_out=t_out),
+                     call=patched_forward_flops, output="bench.forward_flops's count",
+                     invariant="perf/bench.py's FLOP counts (prefill, SFT, pre-training) are unchanged with your attended_pairs")
+                for name, cfg in configs for T, t_out in ((7, 7), (300, 1), (300, 40))]
+    yield from [Case(f"prefill_flops(cfg, T={T}), {cfg.attn}, {name}", inputs=lambda cfg=cfg, T=T: dict(cfg=cfg, T=T),
+                     call=checked_flops, output="your FLOP count", expected=lambda cfg, T: bench.forward_flops(cfg, T, 1),
+                     invariant="exactly bench.forward_flops(cfg, T, 1): token-wise matrices on every token (Orthros: T + 1), W_K, "
+                               "W_V on the T base tokens, 4C per attended pair, the LM head at one position")
+                for name, cfg in configs for T in (1, 3, 4, 5, 7, 8, 100, 127, 128, 129, 300, 32768, 262144)]
 
 
 def pairs_in_words(T, window, n_q):
@@ -276,26 +183,25 @@ def breakdown(cfg, T):
 
 
 def patched_forward_flops(answer, cfg, T, t_out):
-    with patched(bench, attended_pairs=answer.attended_pairs):
+    with mock.patch.multiple(bench, attended_pairs=answer.attended_pairs):
         return bench.forward_flops(cfg, T, t_out)
 
 
-def median_seconds(fn, reps=3):
+def fastest_seconds(fn, reps=2):
     fn()  # warm-up: allocator, first-call setup
-    return statistics.median(timed(fn) for _ in range(reps))
-
-
-def timed(fn):
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 def after_pass(answer, **options):
     """The FLOP limit of Orthros's prefill speedup (your count) next to a measured one on this CPU."""
     cfg = SIZES["bench --tiny (2 x 128, 2 heads, w=16, V=4096)"]
     lines = ["Prefill, Orthros against the Transformer, at perf/bench.py's --tiny size (2 layers, C=128, w=16), "
-             "float32, 1 CPU thread:", f"  {'T':>6} {'FLOP-limit speedup':>19} {'measured speedup':>17}"]
+             "float32, 1 CPU thread, the fastest of 2 runs:", f"  {'T':>6} {'FLOP-limit speedup':>19} {'measured speedup':>17}"]
     models = {}
     for attn in ("transformer", "orthros"):
         torch.manual_seed(0)
@@ -304,7 +210,7 @@ def after_pass(answer, **options):
         limit = answer.prefill_flops(dataclasses.replace(cfg, attn="transformer"), T) / \
             answer.prefill_flops(dataclasses.replace(cfg, attn="orthros"), T)
         idx = torch.randint(0, cfg.vocab_size, (1, T))
-        seconds = {attn: median_seconds(lambda: m.prefill(idx)) for attn, m in models.items()}
+        seconds = {attn: fastest_seconds(lambda: m.prefill(idx)) for attn, m in models.items()}
         lines.append(f"  {T:>6} {limit:>18.2f}x {seconds['transformer'] / seconds['orthros']:>16.2f}x")
     lines.append("  The measured speedup is printed, never checked: it depends on the machine and its load.")
     return "\n".join(lines)

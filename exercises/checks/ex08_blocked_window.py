@@ -1,16 +1,16 @@
-"""Exercise 8, the sliding window in O(T w): the checker, hints and known bugs. The solution is
-orthros.py's own blocked_sliding_window_attention."""
+"""Exercise 8, the sliding window in O(T w): the checker. The solution is orthros.py's own
+blocked_sliding_window_attention."""
 
 import math
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import orthros
-from exercises.framework import (Bug, Case, Mutant, Wrong, difference, patched, randn, student_side,
-                                 tiny_model, tokens)
+from exercises.framework import Bug, Case, Mutant, Wrong, form_difference, randn, tiny_model, tokens, value_difference
 
 TITLE = "The sliding window in O(T w)"
 DIFFICULTY = 4
@@ -18,268 +18,210 @@ MINUTES = 50
 TEACHES = "the blocked window: blocks of w queries over 2w keys, equal to the dense reference forward and backward, with O(T w) memory"
 FUNCTIONS = ("blocked_sliding_window_attention",)
 REFERENCE = SimpleNamespace(blocked_sliding_window_attention=orthros.blocked_sliding_window_attention)
-RETURNS = {"blocked_sliding_window_attention": "output"}
 WINDOWED = "it computes the windowed attention this exercise asks you to write"
 FORBIDDEN = {orthros.reference_attention: WINDOWED, orthros.fast_reference_attention: WINDOWED,
              orthros.flex_sliding_window_attention: WINDOWED, orthros.sliding_window_block_mask: WINDOWED,
              orthros.cached_sliding_window_block_mask: WINDOWED}
+PAPER = "(the paper's window)"
 
 HINTS = [
-    "Query t sees keys t-w+1 ... t. Put the queries in blocks of w: block b holds positions b*w ... "
-    "b*w + w-1, and every key they may see lies in block b-1 or block b. So give each block its 2w keys "
-    "(the previous block and its own), and mask with in_window inside that small (w, 2w) window. Pad T "
-    "up to whole blocks, and give the keys one extra block of padding in front for block 0 (masked out).",
+    "Query t sees keys t-w+1 ... t. Put the queries in blocks of w: block b holds positions b*w ... b*w + w-1, and "
+    "every key they may see lies in block b-1 or block b. So give each block its 2w keys (the previous block and its "
+    "own), and mask with in_window inside that small (w, 2w) window. Pad T up to whole blocks, and give the keys one "
+    "extra block of padding in front for block 0 (masked out).",
     "Shapes (n = ceil(T / w) blocks; pad T up to n*w):\n"
     "queries: (B, H, T, D) -> padded at the end -> (B*H, n, w, D)\n"
-    "keys, values: padded with one block of w in front and the same padding at the end -> (B*H, n+1, w, D); "
-    "then block b's keys are blocks b and b+1 of that, side by side: (B*H, n, 2w, D)\n"
-    "positions: query i of block b sits at b*w + i, a (n, w, 1) grid; key j of its 2w keys at (b-1)*w + j, "
-    "a (n, 1, 2w) grid; the mask is in_window of the two, and the front padding (negative positions) hidden\n"
-    "one scaled_dot_product_attention over the blocks with that (n, w, 2w) mask (and dropout_p), then back "
-    "to (B, H, n*w, D) and the first T rows",
-    "Paper, Algorithm 1, line 8: O <- Flash-Attn(Q, K, V, window_size=W), and section 3.3: sliding window "
-    "attention costs O(T W d), linear in T. In orthros.py: part 3 (fast paths), blocked_sliding_window_attention.",
+    "keys, values: padded with one block of w in front and the same padding at the end -> (B*H, n+1, w, D); then block"
+    " b's keys are blocks b and b+1 of that, side by side: (B*H, n, 2w, D)\n"
+    "positions: query i of block b sits at b*w + i, a (n, w, 1) grid; key j of its 2w keys at (b-1)*w + j, a (n, 1, "
+    "2w) grid; the mask is in_window of the two, and the front padding (negative positions) hidden\n"
+    "one scaled_dot_product_attention over the blocks with that (n, w, 2w) mask (and dropout_p), then back to (B, H, "
+    "n*w, D) and the first T rows",
+    "Paper, Algorithm 1, line 8: O <- Flash-Attn(Q, K, V, window_size=W), and section 3.3: sliding window attention "
+    "costs O(T W d), linear in T. In orthros.py: part 3 (fast paths), blocked_sliding_window_attention.",
 ]
 
 
-# -- Known bugs: orthros.py's function with one classic mistake --------------------------------
-
-def make_bug(own_block_only=False, no_front_mask=False):
-    def blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):
-        B, H, T, D = q.shape
-        w = window
-        n_blocks = math.ceil(T / w)
-        pad = n_blocks * w - T
-        q = F.pad(q, (0, 0, 0, pad)).reshape(B * H, n_blocks, w, D)
-        k = F.pad(k, (0, 0, w, pad)).reshape(B * H, n_blocks + 1, w, D)
-        v = F.pad(v, (0, 0, w, pad)).reshape(B * H, n_blocks + 1, w, D)
-        k, v = torch.cat([k[:, :-1], k[:, 1:]], dim=2), torch.cat([v[:, :-1], v[:, 1:]], dim=2)
-        blk = torch.arange(n_blocks)[:, None, None]
-        q_pos = blk * w + torch.arange(w)[None, :, None]
-        k_pos = (blk - 1) * w + torch.arange(2 * w)[None, None, :]
-        mask = orthros.in_window(q_pos, k_pos, w)
-        if own_block_only:  # the previous block is never seen
-            mask = mask & (k_pos >= blk * w)
-        elif not no_front_mask:  # no_front_mask: the padding block in front is attended
-            mask = mask & (k_pos >= 0)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        return y.reshape(B, H, n_blocks * w, D)[:, :, :T]
-    return SimpleNamespace(blocked_sliding_window_attention=blocked_sliding_window_attention)
-
-
-def dense_in_disguise(q, k, v, window, dropout_p=0.0):
-    mask = orthros.attention_mask(q.size(-2), k.size(-2), window)   # (T, T): right numbers, O(T^2) memory
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-
-
+SHAPES = "    B, H, T, D = q.shape\n"
+MASK = "mask = in_window(q_pos, k_pos, w) & (k_pos >= 0)"
+ATTEND = "    y = sdpa(q, k, v, mask, dropout_p=dropout_p)"
+BLOCKS = "    blk = torch.arange(n_blocks, device=q.device)[:, None, None]\n"
+DEF = "def blocked_sliding_window_attention("
 BUGS = [
-    Bug("the padding block in front not masked", "without k_pos >= 0, the queries of block 0 also attend "
-        "the w zero keys of the padding (score 0, value 0): their softmax is diluted.", make_bug(no_front_mask=True)),
-    Bug("each block attends its own keys only", "a query early in its block needs keys of the previous block "
-        "too: query t sees t-w+1 ... t, which crosses the block boundary unless t is the block's last.",
-        make_bug(own_block_only=True)),
-    Bug("the dense (T, T) mask", "the numbers are right, but the mask alone holds T^2 entries: O(T^2) memory, "
-        "the cost the blocked path exists to avoid.",
-        SimpleNamespace(blocked_sliding_window_attention=dense_in_disguise)),
+    Bug("the padding block in front not masked", "without k_pos >= 0, the queries of block 0 also attend the w zero keys "
+        "of the padding (score 0, value 0): their softmax is diluted.", {MASK: "mask = in_window(q_pos, k_pos, w)"}),
+    Bug("each block attends its own keys only", "a query early in its block needs keys of the previous block too: query "
+        "t sees t-w+1 ... t, which crosses the block boundary unless t is the block's last.",
+        {MASK: "mask = in_window(q_pos, k_pos, w) & (k_pos >= blk * w)"}),
+    Bug("the dense (T, T) mask", "the numbers are right, but the mask alone holds T^2 entries: O(T^2) memory, the cost the "
+        "blocked path exists to avoid.", {"from orthros import in_window": "from orthros import attention_mask, in_window",
+                                          SHAPES: "    mask = attention_mask(q.size(-2), k.size(-2), window)   # (T, T)\n"
+                                                  "    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, "
+                                                  "dropout_p=dropout_p)\n"}),
 ]
-
-
-# -- Further wrong answers the checker must reject ----------------------------------------------
-
-@student_side   # runs as the mutants' code
-def student_window(q, k, v, window, dropout_p=0.0, block=None, mask_window=None, scaled=True, view=False,
-                   on_cpu=False, use_dropout=True, in_float64=False):
-    """A student's blocked window, right unless told otherwise: block (the block size), mask_window (the
-    window of the mask), scaled=False (a hand-written softmax without 1/sqrt(D)), view=True (q.view when
-    T is whole blocks), on_cpu (the positions made on the CPU), use_dropout=False, in_float64."""
-    if in_float64:
-        q, k, v = q.double(), k.double(), v.double()
-    B, H, T, D = q.shape
-    w = block or window
-    n = math.ceil(T / w)
-    pad = n * w - T
-    q = (F.pad(q, (0, 0, 0, pad)) if pad else q).view(B * H, n, w, D) if view else \
-        F.pad(q, (0, 0, 0, pad)).reshape(B * H, n, w, D)
-    k = F.pad(k, (0, 0, w, pad)).reshape(B * H, n + 1, w, D)
-    v = F.pad(v, (0, 0, w, pad)).reshape(B * H, n + 1, w, D)
-    k, v = torch.cat([k[:, :-1], k[:, 1:]], dim=2), torch.cat([v[:, :-1], v[:, 1:]], dim=2)
-    device = "cpu" if on_cpu else q.device
-    blk = torch.arange(n, device=device)[:, None, None]
-    q_pos = blk * w + torch.arange(w, device=device)[None, :, None]
-    k_pos = (blk - 1) * w + torch.arange(2 * w, device=device)[None, None, :]
-    mask = orthros.in_window(q_pos, k_pos, mask_window or window) & (k_pos >= 0)
-    p = dropout_p if use_dropout else 0.0
-    if scaled:
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-    else:
-        scores = (q @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf"))
-        y = F.dropout(torch.softmax(scores, dim=-1), p) @ v
-    return y.reshape(B, H, n * w, D)[:, :, :T]
-
-
-def scaled_in_place(q, k, v, window, dropout_p=0.0):
-    q.mul_(2.0)                                    # changes the caller's q ...
-    return REFERENCE.blocked_sliding_window_attention(q / 2.0, k, v, window, dropout_p)   # ... right numbers
-
-
-def wrong(**how):
-    return SimpleNamespace(blocked_sliding_window_attention=lambda q, k, v, window, dropout_p=0.0:
-                           student_window(q, k, v, window, dropout_p, **how))
-
 
 MUTANTS = [
-    Mutant("the dense reference called", SimpleNamespace(blocked_sliding_window_attention=
-                                                         lambda q, k, v, window, dropout_p=0.0:
-                                                         orthros.reference_attention(q, k, v, window, dropout_p)),
-           expect="your code called orthros.reference_attention"),
-    Mutant("fast_reference_attention captured at import",
+    Mutant("the dense reference called", "your code called orthros.reference_attention",
+           source="import orthros\n\n\ndef blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):\n"
+                  "    return orthros.reference_attention(q, k, v, window, dropout_p)\n"),
+    Mutant("fast_reference_attention captured at import", "holds orthros.fast_reference_attention",
            source="import orthros\n\n_attention = orthros.fast_reference_attention\n\n\n"
                   "def blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):\n"
-                  "    return _attention(q, k, v, window, 'dense', dropout_p)\n",
-           expect="holds orthros.fast_reference_attention"),
-    Mutant("q changed in place", SimpleNamespace(blocked_sliding_window_attention=scaled_in_place),
-           expect="changed its input `q` in place"),
-    Mutant("the paper's window hard-coded (128)", wrong(block=128, mask_window=128),
-           expect="query 1 (your first wrong row) is the attention over keys 0 ... 1; eq. 4 with window=1 gives it keys 1 ... 1"),
-    Mutant("blocks of the paper's 128 keys, whatever the window", wrong(block=128),
-           expect="eq. 4 with window=200 gives it keys"),
-    Mutant("the scores not scaled by 1/sqrt(D)", wrong(scaled=False), expect="scores scaled by 1, not 1/sqrt(D)"),
-    Mutant("dropout_p not passed on", wrong(use_dropout=False), expect="equals the output without dropout"),
-    Mutant("computed in float64 (.double())", wrong(in_float64=True),
-           expect="your output has dtype torch.float64, expected torch.float32"),
-    Mutant("the positions made on the CPU", wrong(on_cpu=True), expect="is not on the expected device meta"),
-    Mutant("q.view when T is whole blocks", wrong(view=True), expect="view size is not compatible"),
+                  "    return _attention(q, k, v, window, 'dense', dropout_p)\n"),
+    Mutant("q changed in place", "changed its input `q` in place", {SHAPES: "    q = q.mul_(2.0) / 2.0   # the same numbers\n" + SHAPES}),
+    Mutant("the paper's window hard-coded (128)", "query 1 (your first wrong row) is the attention over keys 0 ... 1; eq. 4 "
+           "with window=1 gives it keys 1 ... 1", {"    w = window\n": "    w = 128\n"}),
+    Mutant("blocks of the paper's 128 keys, whatever the window", "eq. 4 with window=200 gives it keys",
+           {"    w = window\n": "    w = 128   # blocks of 128\n", "in_window(q_pos, k_pos, w)": "in_window(q_pos, k_pos, window)"}),
+    Mutant("the scores not scaled by 1/sqrt(D)", "scores scaled by 1, not 1/sqrt(D)",
+           {ATTEND: "    scores = (q @ k.transpose(-2, -1)).masked_fill(~mask, float('-inf'))\n"
+                    "    y = F.dropout(torch.softmax(scores, dim=-1), dropout_p) @ v"}),
+    Mutant("the softmax written out, its additive mask in the default dtype (float32)", "in bfloat16",
+           {ATTEND: "    bias = torch.zeros(mask.shape, device=q.device).masked_fill(~mask, float('-inf'))   # 0: seen\n"
+                    "    scores = q @ k.transpose(-2, -1) / math.sqrt(D) + bias\n"
+                    "    y = F.dropout(torch.softmax(scores, dim=-1), dropout_p) @ v"}),
+    Mutant("dropout_p not passed on", "equals the output without dropout", {"mask, dropout_p=dropout_p)": "mask)"}),
+    Mutant("computed in float64 (.double())", "your output has dtype torch.float64, expected torch.float32",
+           {SHAPES: "    q, k, v = q.double(), k.double(), v.double()\n" + SHAPES}),
+    Mutant("the positions made on the CPU", "is not on the expected device meta",
+           {BLOCKS: "    blk = torch.arange(n_blocks)[:, None, None]\n", "torch.arange(w, device=q.device)": "torch.arange(w)",
+            "torch.arange(2 * w, device=q.device)": "torch.arange(2 * w)"}),
+    Mutant("q.view when T is whole blocks", "view size is not compatible",
+           {"q = F.pad(q, (0, 0, 0, pad)).reshape(": "q = (F.pad(q, (0, 0, 0, pad)) if pad else q).view("}),
+    Mutant("the band mask remembered per size, whatever the device", "after the same T and w on the CPU",
+           {DEF: "_BANDS = {}\n\n\ndef band(n_blocks, w, device):\n    if (n_blocks, w) not in _BANDS:   # one band per size\n"
+                 "        blk = torch.arange(n_blocks, device=device)[:, None, None]\n"
+                 "        q_pos = blk * w + torch.arange(w, device=device)[None, :, None]\n"
+                 "        k_pos = (blk - 1) * w + torch.arange(2 * w, device=device)[None, None, :]\n"
+                 "        _BANDS[n_blocks, w] = in_window(q_pos, k_pos, w) & (k_pos >= 0)\n"
+                 "    return _BANDS[n_blocks, w]\n\n\n" + DEF, MASK: "mask = band(n_blocks, w, q.device)"}),
 ]
 
+ALSO_RIGHT = """import math
 
-# -- Cases --------------------------------------------------------------------------------------
+import torch
+import torch.nn.functional as F
+
+
+def blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):
+    B, H, T, D = q.shape
+    w, n = window, -(-T // window)
+    rows = n * w
+    q = torch.cat([q, q.new_zeros(B, H, rows - T, D)], dim=2).reshape(B * H, n, w, D)
+    pad = lambda x: torch.cat([x.new_zeros(B, H, w, D), x, x.new_zeros(B, H, rows - T, D)], dim=2)
+    k, v = (pad(x).reshape(B * H, n + 1, w, D) for x in (k, v))
+    k, v = (torch.cat([x[:, :n], x[:, 1:]], dim=2) for x in (k, v))
+    i = torch.arange(w, device=q.device)[:, None]
+    j = torch.arange(2 * w, device=q.device)[None, :]
+    first = torch.arange(n, device=q.device)[:, None, None] * w
+    seen = (j <= i + w) & (j > i) & (first - w + j >= 0)           # key j of 2w: position b*w - w + j
+    bias = torch.zeros(seen.shape, dtype=q.dtype, device=q.device).masked_fill(~seen, float('-inf'))
+    weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + bias, dim=-1)
+    y = F.dropout(weights, dropout_p) @ v
+    return y.reshape(B, H, rows, D)[:, :, :T]
+"""
+
 
 SIZES = [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (3, 8), (8, 4), (9, 4), (21, 8), (32, 8), (64, 64), (100, 7)]
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 EQ4 = "equal to orthros.reference_attention: query t attends exactly keys t-w+1 ... t (eq. 4)"
-# (T, w, (B, H, D), what else), after SIZES: another shape, float32, inputs that are views (as the model's
+# (T, w, (B, H, D), dtype, views), after SIZES: another shape, float32, bfloat16, inputs that are views (as the model's
 # q, k, v are), the paper's window, a window above it
-MORE = [(6, 4, (1, 1, 6), {}), (9, 4, (2, 3, 4), dict(dtype=torch.float32)),
-        (12, 4, (3, 2, 8), dict(views=True)), (300, 128, (1, 2, 8), {}), (300, 200, (1, 1, 4), {})]
+MORE = [(6, 4, (1, 1, 6), None, False), (9, 4, (2, 3, 4), torch.float32, False), (9, 4, (2, 3, 4), torch.bfloat16, False),
+        (12, 4, (3, 2, 8), None, True), (300, 128, (1, 2, 8), None, False), (300, 200, (1, 1, 4), None, False)]
 
 
-def qkv(B, H, T, D, seed, views=False):
+def qkv(B, H, T, D, seed, views=False, names="qkv"):
     """q, k, v: (B, H, T, D) float64; views=True: transposed views of (B, T, H, D) tensors, not contiguous."""
-    if views:
-        return {name: randn(B, T, H, D, seed=seed + i).transpose(1, 2) for i, name in enumerate("qkv")}
-    return {name: randn(B, H, T, D, seed=seed + i) for i, name in enumerate("qkv")}
+    return {name: randn(B, T, H, D, seed=seed + i).transpose(1, 2) if views else randn(B, H, T, D, seed=seed + i)
+            for i, name in enumerate(names)}
 
 
 def cases(**options):
-    found = []
-    forward = [(T, w, (2, 3, 4), {}) for T, w in SIZES] + MORE
-    for T, w, (B, H, D), more in forward:
-        dtype, views = more.get("dtype"), more.get("views", False)
-        found.append(Case(
-            f"blocked_sliding_window_attention(q, k, v, window={w}), q, k, v of shape ({B}, {H}, {T}, {D})" +
-            (", float32" if dtype else "") + (", transposed views of (B, T, H, D) tensors (not contiguous), as the "
-                                              "model passes them" if views else "") +
-            (" (the paper's window)" if w == 128 else ""),
-            inputs=lambda T=T, w=w, B=B, H=H, D=D, views=views: dict(**qkv(B, H, T, D, T * 100 + w, views), window=w),
-            call=explained, dtype=dtype,
-            invariant=EQ4 + ", forward", atol=1e-5 if dtype else 1e-12,
-            expected=lambda q, k, v, window: orthros.reference_attention(q, k, v, window)))
-    found.append(Case(
-        "blocked_sliding_window_attention(q, k, v, window=4, dropout_p=0.5) right after torch.manual_seed(0), "
-        "q, k, v of shape (2, 3, 9, 4)",
-        inputs=lambda: dict(**qkv(2, 3, 9, 4, 7), window=4, dropout_p=0.5),
-        call=with_dropout, atol=1e-12,
-        invariant="orthros.py's output under the same seed: dropout on the attention weights, the dropout_p passed on "
-                  "to scaled_dot_product_attention (one call over all the blocks, (B*H, n, w, 2w) weights as in hint 2, "
-                  "draws the mask orthros.py's draws)"))
+    for T, w, (B, H, D), dtype, views in [(T, w, (2, 3, 4), None, False) for T, w in SIZES] + MORE:
+        name = f"{dtype}"[6:]
+        yield Case(f"blocked_sliding_window_attention(q, k, v, window={w}), q, k, v of shape ({B}, {H}, {T}, {D})"
+                   + (f", {name}" if dtype else "") + (", transposed views of (B, T, H, D) tensors (not contiguous), as the "
+                                                      "model passes them" if views else "") + (f" {PAPER}" if w == 128 else ""),
+                   inputs=lambda T=T, w=w, B=B, H=H, D=D, views=views: dict(**qkv(B, H, T, D, T * 100 + w, views), window=w),
+                   call=explained, dtype=dtype, atol=TOLERANCE.get(dtype, 1e-12), rtol=TOLERANCE.get(dtype, 0) * (dtype == torch.bfloat16),
+                   invariant=EQ4 + ", forward" + (f", in {name} (to {TOLERANCE[dtype]:g})" if dtype else ""),
+                   expected=lambda q, k, v, window: orthros.reference_attention(q, k, v, window))
+    yield Case("blocked_sliding_window_attention(q, k, v, window=4, dropout_p=0.5) right after torch.manual_seed(0), q, k, v "
+               "of shape (2, 3, 9, 4)", inputs=lambda: dict(**qkv(2, 3, 9, 4, 7), window=4, dropout_p=0.5), call=with_dropout,
+               atol=1e-12, invariant="orthros.py's output under the same seed: dropout on the attention weights, the dropout_p "
+               "passed on to scaled_dot_product_attention (one call over all the blocks, (B*H, n, w, 2w) weights as in hint "
+               "2, draws the mask orthros.py's draws)")
     for T, w in SIZES[2::2]:
-        found.append(Case(
-            f"the gradients of (blocked_sliding_window_attention(q, k, v, window={w}) * dy).sum() with respect to "
-            f"q, k, v, all of shape (2, 3, {T}, 4)",
-            inputs=lambda T=T, w=w: dict(zip(("q", "k", "v", "dy"), (randn(2, 3, T, 4, seed=T * 100 + w + i)
-                                                                     for i in range(4))), window=w),
-            call=lambda answer, q, k, v, dy, window: grads(answer.blocked_sliding_window_attention, q, k, v, dy, window),
-            invariant=EQ4 + ", backward: the same gradients", atol=1e-12,
-            expected=lambda q, k, v, dy, window: grads(orthros.reference_attention, q, k, v, dy, window),
-            output="your gradients"))
+        yield Case(f"the gradients of (blocked_sliding_window_attention(q, k, v, window={w}) * dy).sum() with respect to q, k,"
+                   f" v, all of shape (2, 3, {T}, 4)", inputs=lambda T=T, w=w: dict(**qkv(2, 3, T, 4, T * 100 + w, names="qkvd"),
+                                                                                   window=w), atol=1e-12,
+                   call=lambda answer, window, **qkvd: grads(answer.blocked_sliding_window_attention, window, **qkvd),
+                   invariant=EQ4 + ", backward: the same gradients", output="your gradients",
+                   expected=lambda window, **qkvd: grads(orthros.reference_attention, window, **qkvd))
     for attn in ("swa", "orthros"):
-        model = tiny_model(attn, window=4, swa_impl="blocked")
-        found.append(Case(
-            f"whole-model logits, attn={attn!r}, swa_impl='blocked', T=27, w=4, with yours patched into orthros.py",
-            inputs=lambda model=model: dict(model=model, idx=tokens(2, 27)),
-            call=patched_logits,
-            invariant="the model's logits are unchanged with your function as its sliding window", atol=1e-12,
-            output="the model's logits"))
+        yield Case(f"whole-model logits, attn={attn!r}, swa_impl='blocked', T=27, w=4, with yours patched into orthros.py",
+                   inputs=lambda model=tiny_model(attn, window=4, swa_impl="blocked"): dict(model=model, idx=tokens(2, 27)),
+                   call=patched_logits, atol=1e-12, output="the model's logits",
+                   invariant="the model's logits are unchanged with your function as its sliding window")
     T, w = 4096, 128
-    found.append(Case(
-        f"the largest tensor created during blocked_sliding_window_attention(q, k, v, window={w}), q, k, v of "
-        f"shape (1, 1, {T}, 4)",
-        inputs=lambda: dict(zip("qkv", (randn(1, 1, T, 4, seed=i) for i in range(3))), window=w),
-        call=lambda answer, q, k, v, window: largest_tensor(answer.blocked_sliding_window_attention, q, k, v, window),
-        invariant="O(T w) memory: no intermediate tensor holds more than 8 T w elements (the dense mask: T^2 = 32 T w)",
-        holds=lambda n: None if n <= 8 * T * w else f"your largest tensor holds {n:,} elements = "
-        f"{n / (T * w):.0f} T w; the limit is 8 T w = {8 * T * w:,}", output="the size of your largest tensor",
-        trace=False))   # a property: no reference run needed (the forms were checked at every size above)
-    found.append(Case(
-        "blocked_sliding_window_attention(q, k, v, window=128) on the meta device, q, k, v of shape (2, 6, 300, 128): "
-        "the paper's heads and head size",
-        inputs=lambda: dict(**{name: torch.empty(2, 6, 300, 128) for name in "qkv"}, window=128),
-        call=lambda answer, q, k, v, window: answer.blocked_sliding_window_attention(q, k, v, window),
-        invariant="the output is made where q is (here: meta, where only shapes exist), its shape (B, H, T, D)",
-        device="meta"))
-    return found
+    yield Case(f"the largest tensor created during blocked_sliding_window_attention(q, k, v, window={w}), q, k, v of shape "
+               f"(1, 1, {T}, 4)", inputs=lambda: dict(**qkv(1, 1, T, 4, 0), window=w), output="the size of your largest tensor",
+               call=lambda answer, q, k, v, window: largest_tensor(answer.blocked_sliding_window_attention, q, k, v, window),
+               invariant="O(T w) memory: no intermediate tensor holds more than 8 T w elements (the dense mask: T^2 = 32 T w)",
+               holds=lambda n: None if n <= 8 * T * w else f"your largest tensor holds {n:,} elements = {n / (T * w):.0f} T w; "
+                                                           f"the limit is 8 T w = {8 * T * w:,}")
+    yield Case("blocked_sliding_window_attention(q, k, v, window=128) on the meta device, q, k, v of shape (2, 6, 300, 128): "
+               "the paper's heads and head size, after the same T and w on the CPU above (nothing made for that call fits here)",
+               inputs=lambda: dict(**{name: torch.empty(2, 6, 300, 128) for name in "qkv"}, window=128), device="meta",
+               call=lambda answer, q, k, v, window: answer.blocked_sliding_window_attention(q, k, v, window),
+               invariant="the output and everything it needs are made where q is (here: meta, where only shapes exist), its "
+                         "shape (B, H, T, D)")
+
+
+def differs(out, right, atol=1e-12):
+    return form_difference(out, right) or value_difference(out, right, atol, atol if out.dtype == torch.bfloat16 else 0.0)
 
 
 def explained(answer, q, k, v, window):
     """The answer's output; when it is not eq. 4's, which keys its first wrong query row attends."""
-    out = answer.blocked_sliding_window_attention(q, k, v, window)
-    if out.device.type == "meta":
-        return out
-    atol = 1e-5 if q.dtype == torch.float32 else 1e-12
-    right = orthros.reference_attention(q, k, v, window)
-    problem = difference(out, right, atol)
-    if problem is None:
-        return out
-    raise Wrong(f"{problem}\n  what yours computes: {first_wrong_row(out, q, k, v, window, atol)}")
+    out, right = answer.blocked_sliding_window_attention(q, k, v, window), orthros.reference_attention(q, k, v, window)
+    problem = not form_difference(out, right) and out.device.type != "meta" and differs(out, right, TOLERANCE.get(q.dtype, 1e-12))
+    if problem:   # (a wrong form: the framework reports it)
+        raise Wrong(f"{problem}\n  what yours computes: {first_wrong_row(out, q, k, v, window, TOLERANCE.get(q.dtype, 1e-12))}")
+    return out
 
 
 def with_dropout(answer, q, k, v, window, dropout_p):
-    """The answer's output with dropout after torch.manual_seed(0); when it is not orthros.py's under the same
-    seed, whether dropout is applied at all, and whether the answer is right without it."""
+    """The answer's output with dropout after torch.manual_seed(0); when it is not orthros.py's under the same seed,
+    whether dropout is applied at all, and whether the answer is right without it."""
     torch.manual_seed(0)
-    out = answer.blocked_sliding_window_attention(q, k, v, window, dropout_p)
-    if out.device.type == "meta":
-        return out
-    dense = orthros.reference_attention(q, k, v, window)
-    if difference(out, dense, 1e-12) is None:
-        raise Wrong(f"your output with dropout_p={dropout_p} equals the output without dropout: pass dropout_p on "
-                    "to scaled_dot_product_attention")
+    out, dense = answer.blocked_sliding_window_attention(q, k, v, window, dropout_p), orthros.reference_attention(q, k, v, window)
+    if form_difference(out, q):
+        return out   # the framework reports its form
+    if differs(out, dense) is None:
+        raise Wrong(f"your output with dropout_p={dropout_p} equals the output without dropout: pass dropout_p on to "
+                    "scaled_dot_product_attention")
     torch.manual_seed(0)
-    if difference(out, orthros.blocked_sliding_window_attention(q, k, v, window, dropout_p), 1e-12) is None:
-        return out
-    try:
-        right_without = difference(answer.blocked_sliding_window_attention(q, k, v, window, 0.0), dense, 1e-12) is None
-    except Exception:
-        right_without = False
-    if right_without:
-        raise Wrong(f"your output without dropout is right; with dropout_p={dropout_p} after torch.manual_seed(0) it is "
-                    "not orthros.py's: one scaled_dot_product_attention over all the blocks at once, its weights "
-                    "(B*H, n, w, 2w) as in hint 2, with dropout_p passed on, draws the same dropout mask (a loop over "
-                    "blocks, or dropout applied elsewhere, draws another)")
+    if differs(out, orthros.blocked_sliding_window_attention(q, k, v, window, dropout_p)) and \
+            differs(answer.blocked_sliding_window_attention(q, k, v, window, 0.0), dense) is None:
+        raise Wrong(f"your output without dropout is right; with dropout_p={dropout_p} after torch.manual_seed(0) it is not "
+                    "orthros.py's: one scaled_dot_product_attention over all the blocks at once, its weights (B*H, n, w, 2w) "
+                    "as in hint 2, with dropout_p passed on, draws the same dropout mask (a loop over blocks, or dropout "
+                    "applied elsewhere, draws another)")
     return out
 
 
 def first_wrong_row(out, q, k, v, window, atol):
-    """Which keys (a run of consecutive ones, perhaps with zero keys: unmasked padding) and which score scale
-    the first wrong query row of out is the attention over, in words."""
+    """Which keys (a run of consecutive ones, perhaps with zero keys: unmasked padding) and which score scale the first
+    wrong query row of out is the attention over, in words."""
     o, q, k, v = (x.detach().double() for x in (out, q, k, v))
     B, H, T, D = q.shape
     err = (o - orthros.reference_attention(q, k, v, window)).abs().nan_to_num(nan=math.inf).amax(dim=(0, 1, 3))
     t = int((err > atol).nonzero()[0])
-    first, row = max(0, t - window + 1), o[:, :, t]
+    first, row, tol = max(0, t - window + 1), o[:, :, t], {torch.float32: 1e-3, torch.bfloat16: 5e-2}.get(out.dtype, 1e-6)
     runs = [(a, e) for e in range(T) for a in range(e + 1)]
     starts, ends = torch.tensor([a for a, _ in runs]), torch.tensor([e for _, e in runs]) + 1
-    tol = 1e-3 if out.dtype == torch.float32 else 1e-6
-    pads = range(window + 1) if T <= 64 else [0]
     for scale, scale_name in ((1 / math.sqrt(D), None), (1.0, "1"), (1 / D, "1/D")):
         scores = (q[:, :, t, None, :] * k).sum(-1) * scale                   # (B, H, T)
         top = scores.amax(-1, keepdim=True)
@@ -287,41 +229,34 @@ def first_wrong_row(out, q, k, v, window, atol):
         num = F.pad((weights[..., None] * v).cumsum(2), (0, 0, 1, 0))        # (B, H, T + 1, D)
         den = F.pad(weights.cumsum(-1), (1, 0))                              # (B, H, T + 1)
         num, den = num[:, :, ends] - num[:, :, starts], den[:, :, ends] - den[:, :, starts]
-        for pad in pads:
-            candidates = num / (den + pad * (-top).exp())[..., None]           # (B, H, runs, D)
-            gap = (candidates - row[:, :, None]).abs().amax(dim=(0, 1, 3))
-            best = int(gap.argmin())
-            if gap[best] > tol:
+        for pad in range(window + 1) if T <= 64 else [0]:
+            gap = (num / (den + pad * (-top).exp())[..., None] - row[:, :, None]).abs().amax(dim=(0, 1, 3))   # (runs,)
+            if gap.min() > tol:
                 continue
-            a, e = runs[best]
+            a, e = runs[int(gap.argmin())]
             if (a, e, pad, scale_name) == (first, t, 0, None):
-                rounding = " (about float32's rounding: is part of it computed in float32?)" \
-                    if out.dtype == torch.float64 and err[t] > 1e-10 else ""
                 return (f"query {t} (your first wrong row) attends the right keys, {a} ... {e}, but differs by up to "
-                        f"{err[t]:.3g}{rounding}")
-            what = f"query {t} (your first wrong row) is the attention over keys {a} ... {e}"
-            what += f" and {pad} zero key(s) (padding left unmasked)" if pad else ""
-            what += f", its scores scaled by {scale_name}, not 1/sqrt(D)" if scale_name else ""
-            return what + f"; eq. 4 with window={window} gives it keys {first} ... {t}"
-    zero = " (it is all zeros)" if not row.abs().max() else ""
-    return (f"query {t} (your first wrong row) is not the attention over any run of consecutive keys{zero}; eq. 4 "
-            f"with window={window} gives it keys {first} ... {t}")
+                        f"{err[t]:.3g}" + (" (about float32's rounding)" if out.dtype == torch.float64 and err[t] > 1e-10 else ""))
+            return (f"query {t} (your first wrong row) is the attention over keys {a} ... {e}" +
+                    (f" and {pad} zero key(s) (padding left unmasked)" if pad else "") +
+                    (f", its scores scaled by {scale_name}, not 1/sqrt(D)" if scale_name else "") +
+                    f"; eq. 4 with window={window} gives it keys {first} ... {t}")
+    return (f"query {t} (your first wrong row) is not the attention over any run of consecutive keys" +
+            (" (it is all zeros)" if not row.abs().max() else "") + f"; eq. 4 with window={window} gives it keys {first} ... {t}")
 
 
-def grads(fn, q, k, v, dy, w):
+def grads(fn, window, q, k, v, d):
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out = fn(q, k, v, w)
-    return list(torch.autograd.grad((out * dy).sum(), (q, k, v)))
+    return list(torch.autograd.grad((fn(q, k, v, window) * d).sum(), (q, k, v)))
 
 
 def patched_logits(answer, model, idx):
-    with patched(orthros, blocked_sliding_window_attention=answer.blocked_sliding_window_attention), torch.no_grad():
+    with mock.patch.object(orthros, "blocked_sliding_window_attention", answer.blocked_sliding_window_attention), torch.no_grad():
         return model(idx)[0]
 
 
 class LargestTensor(TorchDispatchMode):
-    """Records the most elements any tensor made by an operation holds (its storage, so a view
-    costs what it views)."""
+    """Records the most elements any tensor made by an operation holds (its storage: a view costs what it views)."""
 
     def __init__(self):
         super().__init__()
@@ -330,8 +265,7 @@ class LargestTensor(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.untyped_storage().nbytes() // t.element_size())
+            self.largest = max(self.largest, t.untyped_storage().nbytes() // t.element_size() if isinstance(t, torch.Tensor) else 0)
         return out
 
 

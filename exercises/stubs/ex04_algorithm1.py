@@ -16,7 +16,7 @@ orthros.apply_rope, orthros.attention_mask, orthros.reference_attention (lines 8
 and torch.nn.functional.scaled_dot_product_attention; calling the layer (attn(...), its forward,
 a Block or the model) is refused while your code runs. The checker compares yours with
 attn(z, T, (cos, sin)) on layers whose alpha != alpha' and beta != beta', of other sizes, heads,
-windows and tables (float64 to 1e-12, float32 to 1e-5): take every size from attn, z and cos.
+windows and tables (float64 to 1e-12, float32, bfloat16): take every size from attn, z and cos.
 
     python -m exercises start 4       (your own copy: exercises/mine/ex04_algorithm1.py)
     python -m exercises check 4       python -m exercises hint 4

@@ -12,7 +12,7 @@ pass from the modules of a trained (here: random) model, without calling the mod
     model.ln_f, model.lm_head    the final norm and the LM head
 
 The checker compares your logits with model(idx, t_out=t_out) for many T and t_out, and on models
-of other sizes, seeds, rope_base and dtypes (float64 to 1e-12, float32 to 1e-5): take every size
+of other sizes, seeds, rope_base and dtypes (float64 to 1e-12, float32, bfloat16): take every size
 from the model. The model is in eval mode: leave dropout out. Calling the model itself (model(...),
 model.forward, prefill, decode, generate) is refused while your code runs: build the pass.
 

@@ -14,13 +14,13 @@ distance, grouped into buckets ("1-32", "32-64", ...: distances lo <= d < hi, in
    Each run ends by writing exact_match.json (the accuracy of greedy answers per bucket) next to
    its checkpoints.
 2. Write recall_summary(run_dir): read the run's exact_match.json and the model config stored in
-   its checkpoint (sample.load_checkpoint(path)["model_config"]: "attn", "window",
+   its checkpoint (checkpoint.load_checkpoint(path)["model_config"]: "attn", "window",
    "n_layer", ...), and pool the accuracy of the buckets inside the window and of those beyond
    n_layer * window, the farthest a sliding-window model can reach.
 
 The checker runs yours on made-up runs first, then on your two trained runs, compares it with the
 stored solution (live, on the same files), and checks what the lab should show: SWA is near
-chance (1/26) beyond n_layer * window; Orthros answers there.
+chance beyond n_layer * window; Orthros answers there.
 Until both runs exist the check says it is waiting for them. Other run folders:
 python -m exercises check 10 --runs swa=DIR,orthros=DIR
 

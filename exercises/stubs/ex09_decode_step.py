@@ -12,10 +12,10 @@ T base tokens then the output tokens, rope = (cos, sin) at the positions of z's 
 block appends its T base tokens' keys and values to layer_cache. The model's forward, prefill,
 decode and generate are refused while your code runs. The checker runs prefill(p) and then your
 steps, and compares the logits with ONE training forward over the whole sequence (train ==
-decode, float64, to 1e-10; float32 too: keep the weights' dtype), for several p, for Orthros
+decode, float64, to 1e-10; float32 and bfloat16 too: keep the weights' dtype), for several p, for Orthros
 (with and without the convolution), SWA and the Transformer, models of other depths, heads and
 rope_base, batches of 1 to 3, next_idx of shape (B,) and (B, 1); after each step it checks that
-the cache keeps every position. It also runs the paper's model on the meta device: make new
+the cache keeps every position. It also runs a model of the paper's widths on the meta device: make new
 tensors where next_idx is.
 
     python -m exercises start 9       (your own copy: exercises/mine/ex09_decode_step.py)
