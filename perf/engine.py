@@ -9,12 +9,11 @@ step copies it) and runs a few hundred small kernels per token from Python. Fast
     key: eq. 5) read each key once (the baselines: one row). The mask is orthros.in_window; the
     table of key blocks comes from pos: a step reads only the blocks up to the new token (SWA:
     those of its window);
-  - projects q, k and v with one matmul (W_Q, W_K, W_V stacked; not with the convolution), and
-    with compile=True compiles each layer whole (norms, RoPE, MLP fused around the attention).
+  - projects q, k and v with one matmul (W_Q, W_K, W_V stacked; not with the convolution); with
+    compile=True the dense parts around the attention (norms, RoPE, MLP) are compiled too.
 
     decoder = FastDecoder(model, batch_size=B, max_len=T + max_new_tokens)   # compile=True: faster
-    logits, cache = decoder.prefill(idx)              # like model.prefill(idx)
-    logits, cache = decoder.decode(next_idx, cache)   # like model.decode(next_idx, cache)
+    logits, cache = decoder.prefill(idx)              # then decoder.decode(next_idx, cache), as the model's
     model.generate_tokens(idx, max_new_tokens, decoder=decoder)   # the model's decode loop
 """
 
@@ -27,10 +26,8 @@ from orthros import apply_rope, causal_depthwise_conv, in_window, rope_cos_sin
 
 BLOCK = 128  # FlexAttention's block of keys: the unit of its block table, and of the cache's rows
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what FlexAttention computes in
-kv_heads = lambda attn: getattr(attn, "n_kv_head", attn.n_head)  # fewer than n_head with grouped-query attention
-# FlexAttention is one fused kernel only when compiled: with compile=False, the layers run eagerly
-# around this compiled copy (one graph per model kind, batch and cache size, for every length). The
-# lambda is a code object of its own, with its own graphs: orthros.py compiles flex_attention too.
+# FlexAttention is one fused kernel only when compiled: one graph per model kind, batch and cache
+# size, for every length (a lambda of its own: orthros.py compiles flex_attention for prefill).
 compiled_flex_attention = torch.compile(lambda *args, **kwargs: flex_attention(*args, **kwargs),
                                         fullgraph=True, dynamic=False)
 
@@ -75,7 +72,7 @@ def layer_in(block, z, k_cache, v_cache, conv_state, pos, rope, weights):
     weights: stacked_weights'."""
     attn = block.attn
     B, L, _ = z.shape
-    H, H_kv, D = attn.n_head, kv_heads(attn), attn.head_dim
+    H, H_kv, D = attn.n_head, attn.n_kv_head, attn.head_dim   # H_kv < H: grouped-query attention
     w_qkv, b_qkv, alpha, beta = weights
     h = block.ln_1(z)
     if w_qkv is not None:   # Alg. 1, line 4: one matmul for every row (the output twin's k, v are dropped)
@@ -117,7 +114,7 @@ class StaticKVCache:
 
     def __init__(self, model, batch_size, max_len, zeros):
         attn, rows, conv = model.blocks[0].attn, -(-max_len // BLOCK) * BLOCK, model.config.conv_kernel
-        self.k, self.v = ([zeros(batch_size, kv_heads(attn), rows, attn.head_dim) for _ in model.blocks] for _ in "kv")
+        self.k, self.v = ([zeros(batch_size, attn.n_kv_head, rows, attn.head_dim) for _ in model.blocks] for _ in "kv")
         self.conv = [zeros(batch_size, conv - 1, model.config.n_embd) if conv else None for _ in model.blocks]
         self.batch_size, self.max_len, self.rows, self.length = batch_size, max_len, rows, 0
 
@@ -127,31 +124,26 @@ class FastDecoder:
 
     model: an Orthros (any attn) in eval mode, on its device, in float32, float16 or bfloat16.
     batch_size, max_len: the cache's size (max_len <= model.config.max_seq_len; default: that).
-    compile: False: the layers run eagerly around compiled_flex_attention; True (or a dict of
-    torch.compile options, e.g. {"backend": ...}): the dense parts before and after it compiled
-    too (one graph each for all layers). One graph per model kind, batch and cache size serves every step.
-    cuda_graphs: default on CUDA. kernel_options: FlexAttention's (perf/decode_probe.py sweeps them).
+    compile: True (or torch.compile options, e.g. {"backend": ...}) compiles the dense parts too, one
+    graph each for all layers and steps. cuda_graphs: default on CUDA. kernel_options: FlexAttention's.
     NOTE: W_Q, W_K, W_V and the scale-offsets are copied (stacked) at each prefill(), the other
     weights read where they are: change weights only between generations."""
 
     def __init__(self, model, batch_size, max_len=None, compile=False, cuda_graphs=None, kernel_options=None):
         cfg = model.config
         max_len = cfg.max_seq_len if max_len is None else max_len
-        if not 1 <= max_len <= cfg.max_seq_len:
-            raise ValueError(f"max_len must be in 1..max_seq_len={cfg.max_seq_len}, got {max_len}; "
-                             "build the model with a larger max_seq_len to decode further")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not 1 <= max_len <= cfg.max_seq_len or batch_size < 1:
+            raise ValueError(f"max_len must be in 1..max_seq_len={cfg.max_seq_len} and batch_size >= 1, got {max_len} and "
+                             f"{batch_size}; build the model with a larger max_seq_len to decode further")
         device, dtype = model.wte.weight.device, model.wte.weight.dtype
         if dtype not in DTYPES:
             raise ValueError(f"FastDecoder runs FlexAttention, which computes in {', '.join(map(str, DTYPES))}; "
                              f"the model is in {dtype}: convert it (model.float()) or decode with the model's own decode()")
         if kernel_options is None and device.type == "cuda":  # twice FlexAttention's default KV split (results/README.md, Decode)
             kernel_options = {"SPLIT_KV": 4 * max(torch.cuda.get_device_properties(device).multi_processor_count
-                                                  // (batch_size * kv_heads(model.blocks[0].attn)), 1)}
+                                                  // (batch_size * model.blocks[0].attn.n_kv_head), 1)}
         self.model, self.kernel_options, self.orthros = model, kernel_options, cfg.attn == "orthros"
         windows = (model.blocks[0].attn.window,) + ((None,) if self.orthros else ())   # per query row (None: all keys)
-        self.rope_options = {"scaling": cfg.rope_scaling} if getattr(cfg, "rope_scaling", None) else {}
         with torch.inference_mode(False):  # normal tensors: writable in and out of inference mode
             self.cache = StaticKVCache(model, batch_size, max_len, lambda *s: torch.zeros(*s, device=device, dtype=dtype))
             self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # the step's input
@@ -173,11 +165,9 @@ class FastDecoder:
     def prefill(self, idx):
         """The prompt idx (B, T) by the model's own prefill, its cache load()ed: (logits (B, 1, vocab), cache)."""
         cache = self.cache
-        if idx.dim() != 2 or idx.size(0) != cache.batch_size:
-            raise ValueError(f"prefill got idx of shape {tuple(idx.shape)}; this decoder was built for "
-                             f"batch_size={cache.batch_size}: pass (batch_size, T) token ids")
-        if idx.size(1) > cache.max_len:
-            raise ValueError(f"prompt of {idx.size(1)} tokens does not fit max_len={cache.max_len}")
+        if idx.dim() != 2 or idx.size(0) != cache.batch_size or idx.size(1) > cache.max_len:
+            raise ValueError(f"prefill got idx of shape {tuple(idx.shape)}; this decoder was built for batch_size="
+                             f"{cache.batch_size}: pass (batch_size, T) token ids, T <= max_len={cache.max_len}")
         logits, naive = self.model.prefill(idx)
         return logits, self.load(naive)
 
@@ -232,7 +222,7 @@ class FastDecoder:
         model, cfg, c = self.model, self.model.config, self.cache
         x = model.wte(self.token)                                       # (B, 1, C)
         z = torch.cat([x, x], dim=1) if self.orthros else x             # Alg. 2, line 2: the two twins
-        rope = rope_cos_sin(self.pos, model.blocks[0].attn.head_dim, cfg.rope_base, x.dtype, **self.rope_options)
+        rope = rope_cos_sin(self.pos, model.blocks[0].attn.head_dim, cfg.rope_base, x.dtype, cfg.rope_scaling)
         self.refresh_block_mask()                                       # the key blocks up to pos
         for l, block in enumerate(model.blocks):                        # Alg. 2, lines 3-7
             q = self.layer_in(block, z, c.k[l], c.v[l], c.conv[l], self.pos, rope, self.weights[l])

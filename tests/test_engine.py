@@ -140,7 +140,7 @@ def test_bad_input_gives_clear_errors(runs):
         new.decode(torch.zeros(BATCH, 1, dtype=torch.long), new.cache)
     with pytest.raises(ValueError, match="batch_size=2"):
         fast.prefill(torch.zeros(3, 4, dtype=torch.long))
-    with pytest.raises(ValueError, match="does not fit max_len=400"):
+    with pytest.raises(ValueError, match="T <= max_len=400"):
         fast.prefill(torch.zeros(BATCH, MAX_LEN + 1, dtype=torch.long))
     logits, cache = fast.prefill(torch.zeros(BATCH, MAX_LEN - 1, dtype=torch.long))
     with pytest.raises(ValueError, match="batch size 2"):
