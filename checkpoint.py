@@ -81,8 +81,11 @@ def load_start(init_from, out_dir):
 def model_from_checkpoint(ckpt, **config_overrides):
     """The model a checkpoint describes, with its weights, in their dtype. config_overrides may change
     fields that do not touch the weights, e.g. max_seq_len for longer generation, or the window."""
-    model = Orthros(OrthrosConfig(**{**ckpt["model_config"], **config_overrides})).to(ckpt["model"]["wte.weight"].dtype)
-    model.load_state_dict(ckpt["model"])
+    with torch.device("meta"):  # no memory and no random init for weights about to be replaced (an 8B model's 32 GB)
+        model = Orthros(OrthrosConfig(**{**ckpt["model_config"], **config_overrides}))
+    model.load_state_dict(ckpt["model"], assign=True)   # the checkpoint's own tensors, in their dtype
+    if model.config.tie_embeddings:
+        model.lm_head.weight = model.wte.weight          # assign=True loaded the two names as two tensors
     return model
 
 
