@@ -1,24 +1,22 @@
-"""The checker every exercise shares: the cases run live against the real code, the reference first; the smallest
-failing case is reported with what is wrong and the invariant it breaks; known mistakes are named; the inputs must
-come back unchanged; the reference and the work the exercise asks for are refused while the answer's code runs.
-An exercise is three files exNN_<name>.py: its stub (exercises/stubs/), stored solution (exercises/solutions/) and
-checker (exercises/checks/, the parts it declares: exercises/README.md, "For teachers").
+"""The checker every exercise shares. An exercise is three files exNN_<name>.py: its stub (exercises/stubs/), its
+stored solution (exercises/solutions/) and its checker (exercises/checks/; its parts: exercises/README.md).
 
-A case's output is compared with the reference's (the same call on its own copy of the inputs), or expected(**inputs),
-or judged by holds(output) -> None or what is wrong (a property: no reference run): the form first (the type; a
-tensor's shape, dtype and device; a container's length or keys), then the values, exactly or to atol/rtol
-(torch.isclose); on the device "meta" the form only. The reference and FORBIDDEN raise while the answer's code runs,
-however reached (called, captured at import, through another function); a file that imports from exercises/ is
-refused before it runs. Checker code that uses what the answer returned goes in `with using("your model(idx)")`, so
-that what it raises is the answer's failure; checker code run inside the answer's call (a hook) in checker_hook;
-`raise Wrong("...")` fails the case in words; anything else the checker raises is its own error, never the student's.
-A Bug or Mutant is the solved file's text with edits {old: new} (each old found once), or a whole source=, loaded as a
-student's file is; each must fail, a mutant's report containing `expect`. An answer that fails a case with the same
-report as a bug there is told the bug's name and why (its `expect`).
+A check runs the checker's cases, smallest first, on an answer: a student's file, a known bug or a mutant (the stored
+solution's text with edits {old: new}, or a whole source=), or the reference. Each run of a case gets its own deep copy
+of the inputs. What the answer returns is compared with the reference's output (the same call on another copy), or
+expected(**inputs): its form first (the type; a tensor's shape, dtype and device; a container's length or keys), then
+its values, exactly or to atol/rtol (by default TOLERANCE, by dtype); or compare(output, right) says what is wrong; or
+holds(output) judges a property (no reference run). The inputs must come back unchanged. The first failing case is
+reported with what is wrong and the invariant it breaks; a known bug that fails it with the same report is named.
+
+While the answer's code runs, the reference and FORBIDDEN raise, however reached (called, captured at import, through
+another function): their code is swapped. A file that imports from exercises/ is refused before it runs. Checker code
+that uses what the answer returned goes in `with using("your model(idx)")`, so that what it raises is the answer's
+failure; checker code run inside the answer's call (a hook) in checker_hook; `raise Wrong("...")` fails a case in
+words; anything else the checker raises is its own error, never the student's.
 """
 
 import ast
-import collections
 import contextlib
 import copy
 import dataclasses
@@ -30,14 +28,13 @@ import linecache
 import math
 import re
 import sys
-import textwrap
 import time
 import traceback
 import types
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Callable
 
 import numpy
@@ -48,8 +45,9 @@ import orthros
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-STUBS, MINE, CHECKS = HERE / "stubs", HERE / "mine", HERE / "checks"
+STUBS, SOLUTIONS, MINE, CHECKS = HERE / "stubs", HERE / "solutions", HERE / "mine", HERE / "checks"
 EXERCISES = {int(p.name[2:4]): p.stem for p in sorted(CHECKS.glob("ex[0-9][0-9]_*.py"))}   # number -> name
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 3e-2}   # atol by dtype (bfloat16: rtol too)
 
 
 @dataclass
@@ -59,13 +57,17 @@ class Case:
     call: Callable               # (answer, **inputs) -> the output
     invariant: str               # what the right output satisfies, in words
     expected: Callable = None    # (**inputs) -> the right output, instead of the reference's call
-    holds: Callable = None       # output -> None or what is wrong
-    atol: float = 0.0
-    rtol: float = 0.0
+    compare: Callable = None     # (output, right output) -> None or what is wrong, instead of forms and values
+    holds: Callable = None       # output -> None or what is wrong: a property, no reference run
+    atol: float = None           # None: TOLERANCE of the right output's dtype (python floats: float64's)
+    rtol: float = None
     device: str = None           # inputs() runs under `with torch.device(device)`; "cuda" is skipped without one
-    dtype: torch.dtype = None    # the floating tensors and modules of the inputs are converted to it
+    dtype: torch.dtype = None    # the floating tensors and modules of the inputs are converted to it (and it is named)
     output: str = "your output"  # the output in words, for the report
     mutable: tuple = ()          # the inputs the answer may change (a cache it appends to)
+
+    def __post_init__(self):
+        self.what += f", in {str(self.dtype)[6:]}" if self.dtype else ""
 
 
 @dataclass
@@ -77,7 +79,7 @@ class Mutant:
 
 
 class Bug(Mutant):
-    """A known mistake, named in the report of an answer that fails as it does."""
+    """A known mistake, named in the report of an answer that fails a case as it does."""
 
 
 @dataclass
@@ -117,7 +119,7 @@ class Refused(Exception):
 
 
 class CheckerError(Exception):
-    """The checker's own code failed: args[0] is what it raised."""
+    """The checker's own code failed inside the answer's call: args[0] is what it raised."""
 
 
 def load_spec(n):
@@ -129,6 +131,11 @@ def stub_source(spec):
     return (STUBS / f"{spec.__name__.rsplit('.', 1)[-1]}.py").read_text()
 
 
+def solved_source(spec):
+    """The stored solution: a whole file that solves the exercise (`solution N --show`; what bugs and mutants edit)."""
+    return (SOLUTIONS / f"{spec.__name__.rsplit('.', 1)[-1]}.py").read_text()
+
+
 # -----------------------------------------------------------------------------
 # Answers: a student's file, a bug's or mutant's text, or the reference
 
@@ -138,21 +145,21 @@ _loaded, ANSWER_FILES = itertools.count(), set()   # ANSWER_FILES: their frames 
 def load_answer(spec, source, filename):
     """A student's file run as a module, its top level guarded as the answer's calls are; refused before it runs if it
     imports from exercises/, and after if a name in it holds a refused function."""
-    filename = str(filename)
-    where = relpath(filename)
+    filename, where = str(filename), relpath(filename)
     ANSWER_FILES.add(filename)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)   # tracebacks show it
-    module = ModuleType(f"_exercise_answer_{next(_loaded)}")
+    module = types.ModuleType(f"_exercise_answer_{next(_loaded)}")
     module.__file__, sys.modules[module.__name__] = filename, module   # for what needs its module (dataclasses)
     try:
         tree = ast.parse(source, filename)
         for node in ast.walk(tree):
-            for name in [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                    [node.module or ""] if isinstance(node, ast.ImportFrom) else []:
-                if name.split(".")[0] == "exercises":
-                    return Answer({}, filename, f"{where} does not import: ImportError: line {node.lineno} imports "
-                                  f"`{name}`, which is not available to your code: exercises/ holds the stored "
-                                  "solutions and the checker. Write the function yourself.")
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            refused = [name for name in names if name.split(".")[0] == "exercises"]
+            if refused:
+                return Answer({}, filename, f"{where} does not import: ImportError: line {node.lineno} imports "
+                              f"`{refused[0]}`, which is not available to your code: exercises/ holds the stored "
+                              "solutions and the checker. Write the function yourself.")
         with guarding(spec):
             exec(compile(tree, filename, "exec"), module.__dict__)
     except Exception as e:
@@ -171,65 +178,23 @@ def load_answer(spec, source, filename):
 
 
 def as_answer(spec, impl):
-    """An Answer from a student's Answer, a Bug or Mutant, or a namespace of functions (the reference is trusted)."""
+    """An Answer from an Answer, a Bug or Mutant (loaded as a student's file), or a namespace (REFERENCE: trusted)."""
     if isinstance(impl, Answer):
         return impl
     if not isinstance(impl, Mutant):
         return Answer({f: getattr(impl, f) for f in spec.FUNCTIONS}, trusted=impl is spec.REFERENCE)
-    source = impl.source
-    if source is None:
-        source = solved_source(spec)
-        for old, new in (impl.edits or {}).items():
-            if source.count(old) != 1:
-                raise CheckerError(ValueError(f"{impl.name}: an edit's text is in the solution {source.count(old)} times, not once: {old!r}"))
-            source = source.replace(old, new)
+    source = solved_source(spec) if impl.source is None else impl.source
+    for old, new in (impl.edits or {}).items():
+        if source.count(old) != 1:
+            raise ValueError(f"{impl.name}: an edit's text is in the solution {source.count(old)} times, not once: {old!r}")
+        source = source.replace(old, new)
     return load_answer(spec, source, f"<{'known bug' if isinstance(impl, Bug) else 'mutant'}: {impl.name}>")
-
-
-def solved_source(spec):
-    """A whole file that solves the exercise, as exercises/mine/ could hold it (`solution N --show`, and what bugs and
-    mutants edit): the stored solution's file; or the stub's docstring and imports, the reference's functions, and
-    what they need (imported, or a stored solution's helper by its source)."""
-    if spec.__name__ not in SOLVED:
-        SOLVED[spec.__name__] = solved_text(spec)
-    return SOLVED[spec.__name__]
-
-
-SOLVED = {}
-
-
-def solved_text(spec):
-    functions = [inspect.unwrap(getattr(spec.REFERENCE, f)) for f in spec.FUNCTIONS]
-    if len({fn.__module__ for fn in functions}) == 1 and functions[0].__module__.startswith("exercises.solutions."):
-        return inspect.getsource(sys.modules[functions[0].__module__])
-    stub = stub_source(spec)
-    header = "".join(stub.splitlines(True)[:min(n.lineno for n in ast.parse(stub).body if isinstance(n, ast.FunctionDef)) - 1])
-    defined = set(spec.FUNCTIONS) | {(a.asname or a.name).split(".")[0] for node in ast.parse(header).body
-                                     if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
-    bodies, imports = [], []
-    while functions:
-        fn = functions.pop(0)
-        bodies.append(textwrap.dedent(inspect.getsource(fn)))
-        for name in sorted(global_names(fn.__code__) - defined):
-            value = fn.__globals__.get(name)
-            alias, defined = "" if name == getattr(value, "__name__", name) else f" as {name}", defined | {name}
-            if isinstance(value, ModuleType):
-                imports.append(f"import {value.__name__}{alias}")
-            elif isinstance(value, types.FunctionType) and value.__module__.startswith("exercises."):
-                functions.append(value)    # a stored solution's helper: its source, not an import
-            elif getattr(value, "__name__", None) and getattr(value, "__module__", None):
-                imports.append(f"from {value.__module__} import {value.__name__}{alias}")
-    return header.rstrip() + "\n" + "".join(f"{line}\n" for line in imports) + "\n\n" + "\n\n".join(bodies)
-
-
-def global_names(code):
-    return set(code.co_names).union(*(global_names(c) for c in code.co_consts if isinstance(c, types.CodeType)))
 
 
 # -----------------------------------------------------------------------------
 # The guard: while the answer's code runs, each refused function's code raises
 
-STATE = SimpleNamespace(active=False, labels=[], refusals=[])   # refusals: all raised (an answer may catch one)
+STATE = SimpleNamespace(active=False, why={}, refusals=[])   # refusals: all raised (an answer may catch one)
 
 
 def refused_functions(spec):
@@ -238,43 +203,36 @@ def refused_functions(spec):
     return {**found, **{inspect.unwrap(fn): why for fn, why in getattr(spec, "FORBIDDEN", {}).items()}}
 
 
-@contextlib.contextmanager
-def guarding(spec):
-    """Each refused function's __code__ swapped for code that raises Refused, and restored afterwards: a function
-    captured before the check (f = Orthros.forward at import time, a bound method) refuses too."""
-    if STATE.active:   # the answer calling its own functions
-        yield
-        return
-    saved, STATE.active = [], True
-    try:
-        for fn, why in refused_functions(spec).items():
-            STATE.labels.append((label(fn), why))
-            saved.append((fn, fn.__code__))
-            fn.__code__ = refusing_code(len(fn.__code__.co_freevars), len(saved) - 1, fn.__code__.co_name)
-        yield
-    finally:
-        for fn, code in saved:
-            fn.__code__ = code
-        STATE.active, STATE.labels = False, []
+def refusing(*args, **kwargs):
+    """The code each refused function runs while the answer's code runs, among that function's globals (so it reaches
+    this module through __import__); its co_filename names the function."""
+    __import__("exercises.framework", fromlist=["refuse"]).refuse()
 
 
-def refuse(i):
-    """What a refused function does while the answer's code runs."""
-    STATE.refusals.append(Refused(f"your code called {STATE.labels[i][0]} ({STATE.labels[i][1]}), which the checker "
-                                  "refuses while your code runs"))
+def refuse():
+    name = sys._getframe(1).f_code.co_filename   # the refused function's label
+    STATE.refusals.append(Refused(f"your code called {name} ({STATE.why[name]}), which the checker refuses while your "
+                                  "code runs"))
     raise STATE.refusals[-1]
 
 
-@functools.lru_cache(maxsize=None)
-def refusing_code(n_free, i, name):
-    """Code that calls refuse(i), with n_free free variables (a function's new __code__ must keep their number)."""
-    free = [f"_{k}" for k in range(n_free)]
-    lines = ["def outer():", f"    {' = '.join(free + ['None'])}", "    def refused(*args, **kwargs):",
-             f"        ({', '.join(free)},)" if free else "        pass",
-             f"        __import__('exercises.framework', fromlist=['refuse']).refuse({i})", "    return refused"]
-    namespace = {}
-    exec("\n".join(lines), namespace)
-    return namespace["outer"]().__code__.replace(co_name=name)
+@contextlib.contextmanager
+def guarding(spec):
+    """Each refused function's __code__ swapped for refusing's, and restored afterwards: a function captured before
+    the check (f = Orthros.forward at import time, a bound method) refuses too."""
+    if STATE.active:   # the answer calling its own functions
+        yield
+        return
+    saved, STATE.active = {}, True
+    try:
+        for fn, why in refused_functions(spec).items():
+            STATE.why[label(fn)], saved[fn] = why, fn.__code__
+            fn.__code__ = refusing.__code__.replace(co_name=fn.__name__, co_qualname=fn.__qualname__, co_filename=label(fn))
+        yield
+    finally:
+        for fn, code in saved.items():
+            fn.__code__ = code
+        STATE.active = False
 
 
 def guarded(spec, answer):
@@ -286,12 +244,12 @@ def guarded(spec, answer):
             if STATE.active:
                 return fn(*args, **kwargs)
             refusals = len(STATE.refusals)
-            try:
-                with guarding(spec):
+            with guarding(spec):
+                try:
                     value = fn(*args, **kwargs)
-            except Exception as e:
-                e.by_answer = not isinstance(e, (Wrong, Refused, NotReady, CheckerError))
-                raise
+                except Exception as e:
+                    e.by_answer = not isinstance(e, (Wrong, Refused, NotReady, CheckerError))
+                    raise
             if len(STATE.refusals) > refusals:
                 raise STATE.refusals[-1]
             return value
@@ -343,103 +301,93 @@ def check(spec, impl, summary=True, **options):
 
 
 def run_cases(spec, impl, summary, options):
-    case, skipped = None, 0
+    case, skipped, extra = None, 0, ""
     try:
         answer = as_answer(spec, impl)
         if answer.problem or not answer.started:
             return Result("FAIL", f"FAIL. {answer.problem}") if answer.problem else Result("not started", not_started(answer.path))
         functions = guarded(spec, answer)
-        for i, case in enumerate(cases_of(spec, options)):
+        for case, truth in cases_of(spec, options):
             if case.device not in (None, "cpu", "meta") and not torch.cuda.is_available():
                 skipped += 1
                 continue
-            truth = truth_of(spec, case, i, options)
-            outcome = run_case(spec, case, functions, truth)
+            outcome = run_case(spec, case, functions, truth())
             if outcome.kind == "not started":
                 return Result("not started", not_started(answer.path, outcome.output))
             if outcome.problem:
-                named = [] if answer.trusted else [bug for bug in spec.BUGS if same_failure(spec, bug, case, truth, outcome)]
-                return Result("FAIL", failure(case, outcome, truth, named), named=[bug.name for bug in named])
-        case, extra = None, ""
+                named = [] if answer.trusted else [bug for bug in spec.BUGS if same_failure(spec, bug, case, truth(), outcome)]
+                return Result("FAIL", failure(case, outcome, truth(), named), named=[bug.name for bug in named])
+        case = None
         try:
             extra = spec.after_pass(functions, **options) if summary and hasattr(spec, "after_pass") else ""
-        except (NotReady, CheckerError):
-            raise
         except Exception as e:
             if not getattr(e, "by_answer", False):
-                raise CheckerError(e) from e
+                raise
             extra = f"(The summary after the checks could not run: your code raised {one_line(e)}{answer_line(e)})"
     except NotReady as e:
         return Result("waiting", str(e))
-    except CheckerError as e:
-        return Result("ERROR", checker_failure(case, e.args[0]))
+    except Exception as e:   # the checker's own code (a KeyboardInterrupt is no Exception: it stops the check)
+        return Result("ERROR", checker_failure(case, e.args[0] if isinstance(e, CheckerError) else e))
     return Result("PASS", extra + (f"\n({skipped} case(s) skipped: their device is not on this machine)" if skipped else ""))
 
 
-CACHE = {}   # what the checks of one process share: each spec's cases, built once, and their truths
+CACHE = {}   # what the checks of one process share: each spec's cases, built once, and their right outputs
 POOL = {}    # id(case) -> inputs an answer's run left as they were made (a deep copy of a model costs many forwards)
 
 
 def cases_of(spec, options):
-    """spec.cases(**options), each built when a check first reaches it (a check that stops early in a generator builds
-    no more), and kept for the next checks: [spec (its id stays its own), the generator, the cases built, truths]."""
-    cached = CACHE.setdefault((id(spec), repr(sorted(options.items()))), [spec, iter(spec.cases(**options)), [], {}])
+    """(case, its right output on demand) for spec.cases(**options): each case built when a check first reaches it (a
+    check that stops early builds no more), and kept, with its right output once computed, for the next checks."""
+    key = (id(spec), repr(sorted(options.items())))
+    if key not in CACHE:
+        CACHE[key] = SimpleNamespace(spec=spec, new=iter(spec.cases(**options)), cases=[], truths={})
+    kept = CACHE[key]
     for i in itertools.count():
-        if i == len(cached[2]):
-            cached[2].append(next(cached[1], None))
-        if cached[2][i] is None:
-            cached[2].pop()
+        if i == len(kept.cases):
+            kept.cases.append(next(kept.new, None))
+        if kept.cases[i] is None:
+            kept.cases.pop()
             return
-        yield cached[2][i]
+        yield kept.cases[i], functools.partial(truth_of, spec, kept.cases[i], kept.truths, i)
 
 
-def truth_of(spec, case, i, options):
+def truth_of(spec, case, truths, i):
     """The right output, once: expected(**inputs), or the reference's call, on its own copy of the inputs."""
-    truths = CACHE[id(spec), repr(sorted(options.items()))][3]
     if i not in truths and not (case.holds and not case.expected):
         inputs = fresh(case)
-        try:
-            truths[i] = case.expected(**inputs) if case.expected else \
-                case.call(SimpleNamespace(**{f: getattr(spec.REFERENCE, f) for f in spec.FUNCTIONS}), **inputs)
-        except (NotReady, KeyboardInterrupt):
-            raise
-        except Exception as e:
-            raise CheckerError(e) from e
+        reference = SimpleNamespace(**{f: getattr(spec.REFERENCE, f) for f in spec.FUNCTIONS})
+        truths[i] = case.expected(**inputs) if case.expected else case.call(reference, **inputs)
     return truths.get(i)
 
 
 def run_case(spec, case, functions, truth):
     """The answer's outcome on the case: what its call gave, judged, and whether it changed its inputs."""
     inputs = POOL.pop(id(case), None) or fresh(case)
-    before = {name: snapshot(value) for name, value in inputs.items()}
+    before = {name: flat(value) for name, value in inputs.items() if name not in case.mutable}
     outcome = outcome_of(case, functions, inputs)
-    try:
-        if outcome.kind == "value":
-            outcome.problem = case.holds(outcome.output) if case.holds else \
-                form_difference(outcome.output, truth, case.output) or value_difference(outcome.output, truth, case.atol, case.rtol)
-        changed = changes(spec, before, inputs, case.mutable)
-    except Exception as e:
-        raise CheckerError(e) from e
+    if outcome.kind == "value":
+        out = outcome.output
+        outcome.problem = case.holds(out) if case.holds else case.compare(out, truth) if case.compare else \
+            form_difference(out, truth, case.output) or value_difference(out, truth, case.atol, case.rtol)
+    changed = changes(spec, before, inputs)
     if not changed and not case.mutable:
         POOL[id(case)] = inputs   # still as fresh() made them: the next run of the case takes them
     if changed:
-        outcome.problem, outcome.kind = (f"{outcome.problem}\n  and: {changed}" if outcome.problem else changed), \
-            outcome.kind if outcome.problem else "changed"
+        outcome.kind = outcome.kind if outcome.problem else "changed"
+        outcome.problem = f"{outcome.problem}\n  and: {changed}" if outcome.problem else changed
     return outcome
 
 
 def outcome_of(case, functions, inputs):
     try:
         return Outcome(case.call(functions, **inputs))
-    except (NotReady, CheckerError):
-        raise
     except Wrong as e:
         return Outcome(problem=str(e), kind="wrong")
     except Refused as e:
         return Outcome(problem=f"refused: {e}{answer_line(e)}", kind="raised")
     except Exception as e:
         if not getattr(e, "by_answer", False):
-            raise CheckerError(e) from e
+            raise   # the checker's own error
         if isinstance(e, NotImplementedError) and not str(e):
             return Outcome(e, kind="not started")
         return Outcome(problem=f"your code raised {one_line(e)}{answer_line(e)}", kind="raised")
@@ -450,7 +398,7 @@ def same_failure(spec, bug, case, truth, outcome):
     answer = as_answer(spec, bug)
     try:
         theirs = run_case(spec, case, guarded(spec, answer), truth) if not answer.problem else Outcome()
-    except CheckerError:
+    except Exception:
         return False
     unplaced = lambda text: re.sub(r" \(at [^()]*, line \d+\)", "", text or "")
     return bool(theirs.problem) and theirs.kind == outcome.kind and unplaced(theirs.problem) == unplaced(outcome.problem)
@@ -458,14 +406,9 @@ def same_failure(spec, bug, case, truth, outcome):
 
 def fresh(case):
     """A deep copy of case.inputs(), built on the case's device and converted to its dtype."""
-    try:
-        with torch.device(case.device) if case.device else contextlib.nullcontext():
-            inputs = case.inputs()   # tensors made here are made on the case's device (meta: no memory)
-        return {name: place(value, case.device, case.dtype) for name, value in copy.deepcopy(inputs).items()}
-    except (NotReady, KeyboardInterrupt):
-        raise
-    except Exception as e:
-        raise CheckerError(e) from e
+    with torch.device(case.device) if case.device else contextlib.nullcontext():
+        inputs = case.inputs()   # tensors made here are made on the case's device (meta: no memory)
+    return {name: place(value, case.device, case.dtype) for name, value in copy.deepcopy(inputs).items()}
 
 
 def place(value, device, dtype):
@@ -478,73 +421,65 @@ def place(value, device, dtype):
 
 
 # -----------------------------------------------------------------------------
-# Untouched inputs: a snapshot before the call, compared with each input after it
+# Untouched inputs: each input flattened to {path: what is there} before the call, compared with it after
 
-Kept = collections.namedtuple("Kept", "kind value requires_grad", defaults=[False])   # a tensor's copy, or a container's parts
+GONE = object()   # what is at a path that is not there
 
 
-def snapshot(x):
+def flat(x, path="", clone=True):
+    """x as {path: value}: a tensor's copy (and its requires_grad), a plain value, or a container's type and its parts
+    (a module's: its weights, its submodules' public attributes such as mode and config, and their number of hooks)."""
     if isinstance(x, torch.Tensor):
-        return Kept(torch.Tensor, x.detach() if x.device.type == "meta" else x.detach().clone(), x.requires_grad)
-    found = parts(x)
-    return x if found is None else Kept(type(x), {key: snapshot(part) for key, part in found.items()})
-
-
-def parts(x):
-    """A container's parts by the path that reaches each, or None for a plain value: a module's weights (with
-    requires_grad), its submodules' public attributes (mode, config, settings) and their number of hooks."""
+        copied = x.detach().clone() if clone and x.device.type != "meta" else x.detach()
+        return {path: copied, f"{path}.requires_grad": x.requires_grad}
     if isinstance(x, nn.Module):
         found = {f".{k}": v for k, v in x.state_dict(keep_vars=True).items()}
         for name, module in x.named_modules():
-            prefix = f"{'.' * bool(name)}{name}"
+            prefix = f".{name}" if name else ""
             found.update({f"{prefix}.{k}": v for k, v in vars(module).items() if not k.startswith("_")})
             found[f"{prefix}.hooks"] = sum(len(v) for k, v in vars(module).items() if k.endswith("hooks") and isinstance(v, dict))
-        return found
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f".{f.name}": getattr(x, f.name) for f in dataclasses.fields(x)}
-    if isinstance(x, (dict, list, tuple)):
-        return {f"[{k!r}]": v for k, v in (x.items() if isinstance(x, dict) else enumerate(x))}
-    if hasattr(x, "__dict__") and not isinstance(x, (type, ModuleType)) and not callable(x):
-        return {f".{k}": v for k, v in vars(x).items() if not isinstance(v, weakref.ref)}
-    return None
+    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+        found = {f".{f.name}": getattr(x, f.name) for f in dataclasses.fields(x)}
+    elif isinstance(x, (dict, list, tuple)):
+        found = {f"[{k!r}]": v for k, v in (x.items() if isinstance(x, dict) else enumerate(x))}
+    elif hasattr(x, "__dict__") and not isinstance(x, (type, types.ModuleType)) and not callable(x):
+        found = {f".{k}": v for k, v in vars(x).items() if not isinstance(v, weakref.ref)}
+    else:
+        return {path: x}
+    kept = {path: type(x)}
+    for key, part in found.items():
+        kept.update(flat(part, path + key, clone))
+    return kept
 
 
-def changes(spec, before, after, mutable=()):
+def changes(spec, before, inputs):
     """What the answer changed among its inputs, in words, or None."""
     who = f"your {spec.FUNCTIONS[0]}" if len(spec.FUNCTIONS) == 1 else "your code"
     for name, old in before.items():
-        found = None if name in mutable else difference_in(old, after[name])
-        if found:
-            path, what = found
-            return f"{who} changed its input `{name}`" + (f" {what[len('changed '):]}" if not path else f": `{name}{path}` {what}")
+        new = flat(inputs[name], clone=False)
+        for path in [*old, *(path for path in new if path not in old)]:
+            what = difference_in(old.get(path, GONE), new.get(path, GONE))
+            if what and not path:
+                return f"{who} changed its input `{name}`" + (what[7:] if what.startswith("changed ") else f": {what}")
+            if what:
+                return f"{who} changed its input `{name}`: `{name}{path}` {what}"
     return None
 
 
-def difference_in(old, new, path=""):
-    """(where, what) for the first difference between an input's snapshot before the call and the input after it."""
-    if isinstance(old, Kept) and old.kind is torch.Tensor:
-        was = old.value
-        if not isinstance(new, torch.Tensor) or (was.shape, was.dtype, was.device) != (new.shape, new.dtype, new.device):
-            return path, f"was {describe(was)}, now {describe(new)}"
-        if old.requires_grad != new.requires_grad:
-            return f"{path}.requires_grad", f"was {old.requires_grad}, now {new.requires_grad}"
-        differ = (was != new) & ~(was.isnan() & new.isnan()) if was.device.type != "meta" else torch.zeros(())
-        return (path, f"changed in place ({int(differ.sum())} of {was.numel()} entries differ)") if differ.any() else None
-    if not isinstance(old, Kept):
-        try:
-            same = old is new or bool(old == new) or (old != old and new != new)
-        except Exception:
-            same = False
-        return None if same else (path, f"was {short(old, 60)}, now {short(new, 60)}")
-    new_parts = parts(new)
-    if new_parts is None or type(new) is not old.kind:
-        return path, f"was {article(old.kind.__name__)}, now {describe(new)}"
-    for key, part in old.value.items():
-        found = difference_in(part, new_parts[key], path + key) if key in new_parts else (path + key, "is gone")
-        if found:
-            return found
-    extra = [key for key in new_parts if key not in old.value]
-    return (path + extra[0], "is new: it was not there before") if extra else None
+def difference_in(old, new):
+    """What differs between a value before the call and after it, in words, or None."""
+    if old is GONE or new is GONE:
+        return "is new: it was not there before" if old is GONE else "is gone"
+    if isinstance(old, torch.Tensor):
+        if not isinstance(new, torch.Tensor) or (old.shape, old.dtype, old.device) != (new.shape, new.dtype, new.device):
+            return f"was {describe(old)}, now {describe(new)}"
+        differ = (old != new) & ~(old.isnan() & new.isnan()) if old.device.type != "meta" else torch.zeros(())
+        return f"changed in place ({int(differ.sum())} of {old.numel()} entries differ)" if differ.any() else None
+    try:
+        same = old is new or bool(old == new) or (old != old and new != new)
+    except Exception:
+        same = False
+    return None if same else f"was {short(old, 60)}, now {short(new, 60)}"
 
 
 # -----------------------------------------------------------------------------
@@ -562,22 +497,22 @@ def form_difference(out, ref, label="your output"):
                 return f"{label} {have} {what} {mine}, expected {theirs}"
         return None if out.device.type == ref.device.type else f"{label} {be} on {out.device.type}, expected {ref.device.type}"
     if isinstance(ref, (tuple, list, dict)):
-        keys = ref if isinstance(ref, dict) else range(len(ref))
         if not isinstance(out, dict if isinstance(ref, dict) else (tuple, list)) or len(out) != len(ref):
             return f"{label} {be} {describe(out)}, expected {describe(ref)}"
         if isinstance(ref, dict) and set(out) != set(ref):
             return (f"{label} {have} the keys {short(sorted(map(str, set(out) - set(ref))), 100)} too many, "
                     f"{short(sorted(map(str, set(ref) - set(out))), 100)} missing")
-        return next(filter(None, (form_difference(out[k], ref[k], f"{label}[{k!r}]" if isinstance(ref, dict) else
-                                                  f"item {k} of {label}") for k in keys)), None)
-    if isinstance(ref, float) and type(out) is int or type(out) is type(ref):
+        keys = ref if isinstance(ref, dict) else range(len(ref))
+        labels = (f"{label}[{k!r}]" if isinstance(ref, dict) else f"item {k} of {label}" for k in keys)
+        return next(filter(None, (form_difference(out[k], ref[k], name) for k, name in zip(keys, labels))), None)
+    if type(out) is type(ref) or isinstance(ref, float) and type(out) is int:
         return None
     if isinstance(ref, (bool, int, float, str, type(None))) or not isinstance(out, type(ref)):
         return f"{label} {be} {describe(out)}, expected {article(type(ref).__name__)}"
     return None
 
 
-def value_difference(out, ref, atol=0.0, rtol=0.0):
+def value_difference(out, ref, atol=None, rtol=None):
     """None when out's values equal ref's (to atol/rtol), else the first difference, in words (out has ref's form)."""
     if isinstance(ref, (dict, list, tuple)):
         for k in (ref if isinstance(ref, dict) else range(len(ref))):
@@ -587,14 +522,21 @@ def value_difference(out, ref, atol=0.0, rtol=0.0):
         return None
     if isinstance(ref, torch.Tensor):
         return tensor_difference(out, ref, atol, rtol)
-    close = math.isclose(out, ref, rel_tol=rtol, abs_tol=atol) if isinstance(ref, float) else out == ref
-    return None if close else f"yours {short(out)}, the reference {short(ref)}"
+    if isinstance(ref, float):
+        close = math.isclose(out, ref, rel_tol=rtol or 0.0, abs_tol=TOLERANCE[torch.float64] if atol is None else atol)
+    else:
+        close = out == ref
+    off = " (off by one)" if type(ref) is int and type(out) is int and abs(out - ref) == 1 else ""
+    return None if close else f"yours {short(out)}, the reference {short(ref)}{off}"
 
 
-def tensor_difference(out, ref, atol, rtol):
+def tensor_difference(out, ref, atol=None, rtol=None):
     if "meta" in (out.device.type, ref.device.type):
         return None   # no values on meta: the form is all there is
-    out, ref = out.detach().cpu(), ref.detach().cpu()
+    if atol is None:
+        atol = TOLERANCE.get(ref.dtype, 0.0)
+        rtol = atol if ref.dtype == torch.bfloat16 else rtol
+    out, ref, rtol = out.detach().cpu(), ref.detach().cpu(), rtol or 0.0
     bad = ~torch.isclose(out, ref, rtol=rtol, atol=atol, equal_nan=True)
     if not bad.any():
         return None
@@ -681,12 +623,12 @@ def checker_failure(case, error):
     frames = traceback.extract_tb(error.__traceback__)
     frames = [f for f in frames if f.filename.startswith(str(HERE))] or frames
     where = f" (at {relpath(frames[-1].filename)}, line {frames[-1].lineno})" if frames else ""
-    return (f"ERROR. The checker's own code failed on this case, not your code:\n  {case.what if case else 'after the cases'}"
+    return (f"ERROR. The checker's own code failed on this case, not your code:\n  {case.what if case else 'outside the cases'}"
             f"\n  {one_line(error)}{where}\n  This is a bug in the checker: please show this message to your teacher.")
 
 
 # -----------------------------------------------------------------------------
-# What the checks share: tiny models drawn in float64, inputs, patching, a look at what the blocks are handed
+# What the checks share: tiny models drawn in float64, inputs, probes, a look at what the blocks are handed
 
 def tiny_model(attn="orthros", seed=0, dtype=torch.float64, **overrides):
     """A tiny model in eval mode, its weights drawn in dtype (float64: values float32 cannot hold), its scale-offsets
@@ -713,6 +655,22 @@ def tokens(B, T, vocab=37, seed=0):
 
 def randn(*shape, seed=0):
     return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+def dependence(mine, right, inputs, variants):
+    """For a wrong number: what it ignores, or follows where the right one does not. mine(inputs), right(inputs): the
+    numbers; variants: [(name, inputs changed in that one way)]. Returns notes in words."""
+    ours, theirs, notes = mine(inputs), right(inputs), []
+    for name, changed in variants:
+        try:
+            moved = mine(changed) != ours
+        except Exception:
+            continue
+        should = right(changed) != theirs
+        if should != moved:
+            notes.append(f"it {'does not change' if should else 'changes'} with {name}, the reference's "
+                         f"{'does' if should else 'does not'}")
+    return notes
 
 
 @contextlib.contextmanager
