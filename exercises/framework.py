@@ -17,6 +17,7 @@ words; anything else the checker raises is its own error, never the student's.
 """
 
 import ast
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -31,13 +32,11 @@ import sys
 import time
 import traceback
 import types
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
-import numpy
 import torch
 import torch.nn as nn
 
@@ -53,15 +52,15 @@ TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 3e-2}   
 @dataclass
 class Case:
     what: str                    # the inputs and the call, in words: the case a student re-runs by hand
-    inputs: Callable             # () -> {name: value}; every run gets its own deep copy
-    call: Callable               # (answer, **inputs) -> the output
+    inputs: object               # {name: value}, or () -> {name: value}; every run gets its own deep copy
+    call: object                 # the name of the answer's function called with the inputs, or (answer, **inputs) -> output
     invariant: str               # what the right output satisfies, in words
     expected: Callable = None    # (**inputs) -> the right output, instead of the reference's call
     compare: Callable = None     # (output, right output) -> None or what is wrong, instead of forms and values
     holds: Callable = None       # output -> None or what is wrong: a property, no reference run
     atol: float = None           # None: TOLERANCE of the right output's dtype (python floats: float64's)
     rtol: float = None
-    device: str = None           # inputs() runs under `with torch.device(device)`; "cuda" is skipped without one
+    device: str = None           # inputs() runs under `with torch.device(device)` (meta: shapes, no values)
     dtype: torch.dtype = None    # the floating tensors and modules of the inputs are converted to it (and it is named)
     output: str = "your output"  # the output in words, for the report
     mutable: tuple = ()          # the inputs the answer may change (a cache it appends to)
@@ -99,11 +98,8 @@ class Answer:
     trusted: bool = False        # the reference: unguarded, and what it raises is the checker's error
 
 
-@dataclass
-class Outcome:
-    output: object = None
-    problem: str = None          # None: right
-    kind: str = "value"          # "value", "raised", "wrong" (a case's own words), "changed", "not started"
+Outcome = collections.namedtuple("Outcome", "output problem kind", defaults=(None, None, "value"))   # kind: "value",
+# "raised", "wrong" (a case's own words), "changed" (an input), "not started"
 
 
 class Wrong(Exception):
@@ -137,9 +133,10 @@ def solved_source(spec):
 
 
 # -----------------------------------------------------------------------------
-# Answers: a student's file, a bug's or mutant's text, or the reference
+# Answers, and the guard: while the answer's code runs, each refused function's code raises
 
 _loaded, ANSWER_FILES = itertools.count(), set()   # ANSWER_FILES: their frames are the student's
+STATE = SimpleNamespace(active=False, why={}, refusals=[])   # refusals: all raised (an answer may catch one)
 
 
 def load_answer(spec, source, filename):
@@ -172,8 +169,9 @@ def load_answer(spec, source, filename):
     for name, value in vars(module).items():
         fn = inspect.unwrap(getattr(value, "__func__", value)) if callable(value) else None
         if isinstance(fn, types.FunctionType) and fn in refused:
-            return Answer({}, filename, f"the name `{name}` in {where} holds {label(fn)}, which this exercise refuses "
-                          f"({refused[fn]}). Remove that import or reference: the checker compares your own code with it.")
+            return Answer({}, filename, f"the name `{name}` in {where} holds {fn.__module__}.{fn.__qualname__}, which this "
+                          f"exercise refuses ({refused[fn]}). Remove that import or reference: the checker compares your "
+                          "own code with it.")
     return Answer({f: getattr(module, f) for f in spec.FUNCTIONS}, filename)
 
 
@@ -191,12 +189,6 @@ def as_answer(spec, impl):
     return load_answer(spec, source, f"<{'known bug' if isinstance(impl, Bug) else 'mutant'}: {impl.name}>")
 
 
-# -----------------------------------------------------------------------------
-# The guard: while the answer's code runs, each refused function's code raises
-
-STATE = SimpleNamespace(active=False, why={}, refusals=[])   # refusals: all raised (an answer may catch one)
-
-
 def refused_functions(spec):
     """{function: why}: the reference's functions and FORBIDDEN's, unwrapped (a decorated method's own code)."""
     found = {inspect.unwrap(getattr(spec.REFERENCE, f)): "the reference answer of this exercise" for f in spec.FUNCTIONS}
@@ -210,7 +202,7 @@ def refusing(*args, **kwargs):
 
 
 def refuse():
-    name = sys._getframe(1).f_code.co_filename   # the refused function's label
+    name = sys._getframe(1).f_code.co_filename   # the refused function's name
     STATE.refusals.append(Refused(f"your code called {name} ({STATE.why[name]}), which the checker refuses while your "
                                   "code runs"))
     raise STATE.refusals[-1]
@@ -226,8 +218,9 @@ def guarding(spec):
     saved, STATE.active = {}, True
     try:
         for fn, why in refused_functions(spec).items():
-            STATE.why[label(fn)], saved[fn] = why, fn.__code__
-            fn.__code__ = refusing.__code__.replace(co_name=fn.__name__, co_qualname=fn.__qualname__, co_filename=label(fn))
+            name = f"{fn.__module__}.{fn.__qualname__}"
+            STATE.why[name], saved[fn] = why, fn.__code__
+            fn.__code__ = refusing.__code__.replace(co_name=fn.__name__, co_qualname=fn.__qualname__, co_filename=name)
         yield
     finally:
         for fn, code in saved.items():
@@ -286,6 +279,10 @@ def using(what):
 # -----------------------------------------------------------------------------
 # Running the cases
 
+CACHE = {}   # what the checks of one process share: each spec's cases, built once, and their right outputs
+POOL = {}    # id(case) -> inputs an answer's run left as they were made (a deep copy of a model costs many forwards)
+
+
 def check(spec, impl, summary=True, **options):
     """Run spec's cases on impl (an Answer, the reference, a Bug, a Mutant or a namespace), smallest first, in one
     CPU thread (the models are tiny; on a busy machine a second thread only waits); then, with summary, what
@@ -301,16 +298,13 @@ def check(spec, impl, summary=True, **options):
 
 
 def run_cases(spec, impl, summary, options):
-    case, skipped, extra = None, 0, ""
+    case = None
     try:
         answer = as_answer(spec, impl)
         if answer.problem or not answer.started:
             return Result("FAIL", f"FAIL. {answer.problem}") if answer.problem else Result("not started", not_started(answer.path))
         functions = guarded(spec, answer)
         for case, truth in cases_of(spec, options):
-            if case.device not in (None, "cpu", "meta") and not torch.cuda.is_available():
-                skipped += 1
-                continue
             outcome = run_case(spec, case, functions, truth())
             if outcome.kind == "not started":
                 return Result("not started", not_started(answer.path, outcome.output))
@@ -319,20 +313,15 @@ def run_cases(spec, impl, summary, options):
                 return Result("FAIL", failure(case, outcome, truth(), named), named=[bug.name for bug in named])
         case = None
         try:
-            extra = spec.after_pass(functions, **options) if summary and hasattr(spec, "after_pass") else ""
+            return Result("PASS", spec.after_pass(functions, **options) if summary and hasattr(spec, "after_pass") else "")
         except Exception as e:
             if not getattr(e, "by_answer", False):
                 raise
-            extra = f"(The summary after the checks could not run: your code raised {one_line(e)}{answer_line(e)})"
+            return Result("PASS", f"(The summary after the checks could not run: your code raised {one_line(e)}{answer_line(e)})")
     except NotReady as e:
         return Result("waiting", str(e))
     except Exception as e:   # the checker's own code (a KeyboardInterrupt is no Exception: it stops the check)
         return Result("ERROR", checker_failure(case, e.args[0] if isinstance(e, CheckerError) else e))
-    return Result("PASS", extra + (f"\n({skipped} case(s) skipped: their device is not on this machine)" if skipped else ""))
-
-
-CACHE = {}   # what the checks of one process share: each spec's cases, built once, and their right outputs
-POOL = {}    # id(case) -> inputs an answer's run left as they were made (a deep copy of a model costs many forwards)
 
 
 def cases_of(spec, options):
@@ -356,7 +345,7 @@ def truth_of(spec, case, truths, i):
     if i not in truths and not (case.holds and not case.expected):
         inputs = fresh(case)
         reference = SimpleNamespace(**{f: getattr(spec.REFERENCE, f) for f in spec.FUNCTIONS})
-        truths[i] = case.expected(**inputs) if case.expected else case.call(reference, **inputs)
+        truths[i] = case.expected(**inputs) if case.expected else called(case, reference, inputs)
     return truths.get(i)
 
 
@@ -364,33 +353,31 @@ def run_case(spec, case, functions, truth):
     """The answer's outcome on the case: what its call gave, judged, and whether it changed its inputs."""
     inputs = POOL.pop(id(case), None) or fresh(case)
     before = {name: flat(value) for name, value in inputs.items() if name not in case.mutable}
-    outcome = outcome_of(case, functions, inputs)
-    if outcome.kind == "value":
-        out = outcome.output
-        outcome.problem = case.holds(out) if case.holds else case.compare(out, truth) if case.compare else \
-            form_difference(out, truth, case.output) or value_difference(out, truth, case.atol, case.rtol)
-    changed = changes(spec, before, inputs)
-    if not changed and not case.mutable:
-        POOL[id(case)] = inputs   # still as fresh() made them: the next run of the case takes them
-    if changed:
-        outcome.kind = outcome.kind if outcome.problem else "changed"
-        outcome.problem = f"{outcome.problem}\n  and: {changed}" if outcome.problem else changed
-    return outcome
-
-
-def outcome_of(case, functions, inputs):
     try:
-        return Outcome(case.call(functions, **inputs))
+        out = called(case, functions, inputs)
+        problem = case.holds(out) if case.holds else case.compare(out, truth) if case.compare else \
+            form_difference(out, truth, case.output) or value_difference(out, truth, case.atol, case.rtol)
+        outcome = Outcome(out, problem)
     except Wrong as e:
-        return Outcome(problem=str(e), kind="wrong")
+        outcome = Outcome(problem=str(e), kind="wrong")
     except Refused as e:
-        return Outcome(problem=f"refused: {e}{answer_line(e)}", kind="raised")
+        outcome = Outcome(problem=f"refused: {e}{answer_line(e)}", kind="raised")
     except Exception as e:
         if not getattr(e, "by_answer", False):
             raise   # the checker's own error
         if isinstance(e, NotImplementedError) and not str(e):
             return Outcome(e, kind="not started")
-        return Outcome(problem=f"your code raised {one_line(e)}{answer_line(e)}", kind="raised")
+        outcome = Outcome(problem=f"your code raised {one_line(e)}{answer_line(e)}", kind="raised")
+    changed = changes(spec, before, inputs)
+    if not changed and not case.mutable:
+        POOL[id(case)] = inputs   # still as fresh() made them: the next run of the case takes them
+    if changed and outcome.problem:
+        return outcome._replace(problem=f"{outcome.problem}\n  and: {changed}")
+    return outcome._replace(problem=changed, kind="changed") if changed else outcome
+
+
+def called(case, answer, inputs):
+    return getattr(answer, case.call)(**inputs) if isinstance(case.call, str) else case.call(answer, **inputs)
 
 
 def same_failure(spec, bug, case, truth, outcome):
@@ -406,18 +393,16 @@ def same_failure(spec, bug, case, truth, outcome):
 
 def fresh(case):
     """A deep copy of case.inputs(), built on the case's device and converted to its dtype."""
+    def place(value):
+        if isinstance(value, (torch.Tensor, nn.Module)):
+            value = value.to(case.device) if case.device else value
+            return value.to(case.dtype) if case.dtype and (isinstance(value, nn.Module) or value.is_floating_point()) else value
+        if isinstance(value, (list, tuple)):
+            return type(value)(place(v) for v in value)
+        return {k: place(v) for k, v in value.items()} if isinstance(value, dict) else value
     with torch.device(case.device) if case.device else contextlib.nullcontext():
-        inputs = case.inputs()   # tensors made here are made on the case's device (meta: no memory)
-    return {name: place(value, case.device, case.dtype) for name, value in copy.deepcopy(inputs).items()}
-
-
-def place(value, device, dtype):
-    if isinstance(value, (torch.Tensor, nn.Module)):
-        value = value.to(device) if device else value
-        return value.to(dtype) if dtype and (isinstance(value, nn.Module) or value.is_floating_point()) else value
-    if isinstance(value, (list, tuple)):
-        return type(value)(place(v, device, dtype) for v in value)
-    return {k: place(v, device, dtype) for k, v in value.items()} if isinstance(value, dict) else value
+        inputs = case.inputs() if callable(case.inputs) else case.inputs   # made here: on the case's device
+    return {name: place(value) for name, value in copy.deepcopy(inputs).items()}
 
 
 # -----------------------------------------------------------------------------
@@ -430,8 +415,8 @@ def flat(x, path="", clone=True):
     """x as {path: value}: a tensor's copy (and its requires_grad), a plain value, or a container's type and its parts
     (a module's: its weights, its submodules' public attributes such as mode and config, and their number of hooks)."""
     if isinstance(x, torch.Tensor):
-        copied = x.detach().clone() if clone and x.device.type != "meta" else x.detach()
-        return {path: copied, f"{path}.requires_grad": x.requires_grad}
+        return {path: x.detach().clone() if clone and x.device.type != "meta" else x.detach(),
+                f"{path}.requires_grad": x.requires_grad}
     if isinstance(x, nn.Module):
         found = {f".{k}": v for k, v in x.state_dict(keep_vars=True).items()}
         for name, module in x.named_modules():
@@ -443,7 +428,7 @@ def flat(x, path="", clone=True):
     elif isinstance(x, (dict, list, tuple)):
         found = {f"[{k!r}]": v for k, v in (x.items() if isinstance(x, dict) else enumerate(x))}
     elif hasattr(x, "__dict__") and not isinstance(x, (type, types.ModuleType)) and not callable(x):
-        found = {f".{k}": v for k, v in vars(x).items() if not isinstance(v, weakref.ref)}
+        found = {f".{k}": v for k, v in vars(x).items()}
     else:
         return {path: x}
     kept = {path: type(x)}
@@ -458,28 +443,27 @@ def changes(spec, before, inputs):
     for name, old in before.items():
         new = flat(inputs[name], clone=False)
         for path in [*old, *(path for path in new if path not in old)]:
-            what = difference_in(old.get(path, GONE), new.get(path, GONE))
-            if what and not path:
-                return f"{who} changed its input `{name}`" + (what[7:] if what.startswith("changed ") else f": {what}")
+            was, now = old.get(path, GONE), new.get(path, GONE)
+            if was is GONE or now is GONE:
+                what = "is new: it was not there before" if was is GONE else "is gone"
+            elif isinstance(was, torch.Tensor) and not form_difference(now, was):
+                differ = (was != now) & ~(was.isnan() & now.isnan()) if was.device.type != "meta" else torch.zeros(())
+                what = f"changed in place ({int(differ.sum())} of {was.numel()} entries differ)" if differ.any() else None
+            elif isinstance(was, torch.Tensor) or isinstance(now, torch.Tensor):
+                what = f"was {describe(was)}, now {describe(now)}"
+            else:
+                what = None if same(was, now) else f"was {short(was, 60)}, now {short(now, 60)}"
             if what:
-                return f"{who} changed its input `{name}`: `{name}{path}` {what}"
+                where = f": `{name}{path}` {what}" if path else what[7:] if what.startswith("changed ") else f": {what}"
+                return f"{who} changed its input `{name}`{where}"
     return None
 
 
-def difference_in(old, new):
-    """What differs between a value before the call and after it, in words, or None."""
-    if old is GONE or new is GONE:
-        return "is new: it was not there before" if old is GONE else "is gone"
-    if isinstance(old, torch.Tensor):
-        if not isinstance(new, torch.Tensor) or (old.shape, old.dtype, old.device) != (new.shape, new.dtype, new.device):
-            return f"was {describe(old)}, now {describe(new)}"
-        differ = (old != new) & ~(old.isnan() & new.isnan()) if old.device.type != "meta" else torch.zeros(())
-        return f"changed in place ({int(differ.sum())} of {old.numel()} entries differ)" if differ.any() else None
+def same(a, b):
     try:
-        same = old is new or bool(old == new) or (old != old and new != new)
+        return a is b or bool(a == b) or (a != a and b != b)
     except Exception:
-        same = False
-    return None if same else f"was {short(old, 60)}, now {short(new, 60)}"
+        return False
 
 
 # -----------------------------------------------------------------------------
@@ -508,7 +492,7 @@ def form_difference(out, ref, label="your output"):
     if type(out) is type(ref) or isinstance(ref, float) and type(out) is int:
         return None
     if isinstance(ref, (bool, int, float, str, type(None))) or not isinstance(out, type(ref)):
-        return f"{label} {be} {describe(out)}, expected {article(type(ref).__name__)}"
+        return f"{label} {be} {describe(out)}, expected {describe(type(ref))}"
     return None
 
 
@@ -541,8 +525,11 @@ def tensor_difference(out, ref, atol=None, rtol=None):
     if not bad.any():
         return None
     gap = torch.where(bad, (out.double() - ref.double()).abs().nan_to_num(nan=math.inf), -1.0)
-    at = tuple(int(i) for i in numpy.unravel_index(int(gap.argmax()), gap.shape))   # (torch's would import sympy)
-    text = f"{int(bad.sum())} of {bad.numel()} entries differ"
+    flat_at, at = int(gap.argmax()), []
+    for size in reversed(gap.shape):   # its index (torch.unravel_index would import sympy)
+        flat_at, i = divmod(flat_at, size)
+        at.insert(0, i)
+    at, text = tuple(at), f"{int(bad.sum())} of {bad.numel()} entries differ"
     if not ref.is_floating_point():
         return f"{text}; the first at index {at}: yours {out[at].item()}, the reference {ref[at].item()}"
     digits = 6 if f"{out[at].item():.6g}" != f"{ref[at].item():.6g}" else 12
@@ -553,16 +540,14 @@ def tensor_difference(out, ref, atol=None, rtol=None):
 
 
 def describe(value):
+    """The value's kind in words ("a tensor of shape (2, 3) (torch.float32)", "a list of 2 items"); a type: its name."""
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)} ({value.dtype})"
     if isinstance(value, (tuple, list, dict)):
         return f"a {type(value).__name__} of {len(value)} items"
+    name = (value if isinstance(value, type) else type(value)).__name__
     scalar = isinstance(value, (bool, int, float, str, type(None)))
-    return article(type(value).__name__) + (f" ({short(value, 60)})" if scalar else "")
-
-
-def article(name):
-    return f"an {name}" if name[0] in "aeiouAEIOU" else f"a {name}"
+    return ("an " if name[0] in "aeiouAEIOU" else "a ") + name + (f" ({short(value, 60)})" if scalar else "")
 
 
 def short(x, limit=160):
@@ -576,10 +561,6 @@ def one_line(error):
         return f"SyntaxError: {error.msg} (line {error.lineno})"
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
-
-
-def label(fn):
-    return f"{fn.__module__}.{fn.__qualname__}"
 
 
 # -----------------------------------------------------------------------------

@@ -1,11 +1,11 @@
 """
 The exercises (exercises/, `python -m exercises`) stay true to the code, for every exercise the checks folder
-holds: the stored solution, as the file `solution N --show` prints, passes its check; the stub says "not started";
-every known bug fails and is named; every stub has the reference's signature and imports nothing it replaces.
-The checker itself, on a toy exercise, for what no mutant shows: the reference first, on its own copy of the inputs;
-a refused function raises even captured before and caught, and is restored; the checker's own errors are never the
-student's (inputs changed, forms before values and shortcuts refused: the mutants of test_exercise_mutants.py). The
-command line, the hints, the picture, the syllabus. The student's workflow: test_exercise_workflow.py.
+holds: the stored solution, as the file `solution N --show` prints, passes its check; the stub says "not started",
+has the reference's signatures and imports nothing it replaces; every known bug fails and is named. The checker
+itself, on a toy exercise, for what no mutant shows (the mutants: test_exercise_mutants.py): the reference first, on
+its own copy of the inputs; a refused function raises even captured before and caught, and is restored; the checker's
+own errors are never the student's. The command line, the hints, the picture, the syllabus. The student's workflow:
+test_exercise_workflow.py.
 
     python -m pytest -q tests/test_exercises.py
 """
@@ -33,11 +33,6 @@ BUGS = [(n, bug.name) for n in NUMBERS for bug in load_spec(n).BUGS]
 NO_RUNS = {"runs": {"swa": "/nowhere/swa", "orthros": "/nowhere/orthros"}}   # the recall lab then waits
 
 
-def stub(n):
-    spec = load_spec(n)
-    return spec, framework.load_answer(spec, framework.stub_source(spec), STUBS / f"{EXERCISES[n]}.py")
-
-
 @pytest.mark.parametrize("n", NUMBERS, ids=IDS)
 def test_the_stored_solution_file_passes_its_check(n):
     """The whole file `solution N --show` prints, checked as a student's file, passes (the recall lab: its made-up
@@ -57,12 +52,21 @@ def test_the_recall_lab_passes_on_trained_runs(recall_runs):
 
 
 @pytest.mark.parametrize("n", NUMBERS, ids=IDS)
-def test_untouched_stub_is_not_started(n):
-    """The stub reports "not started", naming the function to write and how to start."""
-    spec, answer = stub(n)
+def test_the_untouched_stub(n):
+    """The stub reports "not started", naming the function to write and how to start; each function has the
+    reference's exact signature (names, order, defaults) and is the stub's own, never the function it replaces."""
+    spec = load_spec(n)
+    answer = framework.load_answer(spec, framework.stub_source(spec), STUBS / f"{EXERCISES[n]}.py")
     result = framework.check(spec, answer, **NO_RUNS)
     assert result.status == "not started" and any(f"`{f}`" in result.message for f in spec.FUNCTIONS), result.message
     assert "NotImplementedError" in result.message and f"python -m exercises start {n}" in result.message
+    tree = ast.parse(framework.stub_source(spec))
+    named = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+    named |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    for name in spec.FUNCTIONS:
+        assert inspect.signature(answer.functions[name]) == inspect.signature(getattr(spec.REFERENCE, name)), name
+        assert answer.functions[name].__module__.startswith("_exercise_answer_"), name
+        assert name not in named or getattr(spec.REFERENCE, name).__module__.startswith("exercises."), name
 
 
 @pytest.mark.parametrize("n,name", BUGS, ids=[f"{EXERCISES[n]}-{name}" for n, name in BUGS])
@@ -71,26 +75,6 @@ def test_known_bug_fails_and_is_named(n, name):
     spec = load_spec(n)
     result = framework.check(spec, next(b for b in spec.BUGS if b.name == name), **NO_RUNS)
     assert result.status == "FAIL" and name in result.named and f"known mistake: {name}." in result.message, result.message
-
-
-@pytest.mark.parametrize("n", NUMBERS, ids=IDS)
-def test_stub_signature_equals_the_reference(n):
-    """Each function the student writes has the reference's exact signature (names, order, defaults)."""
-    spec, answer = stub(n)
-    for name in spec.FUNCTIONS:
-        assert inspect.signature(answer.functions[name]) == inspect.signature(getattr(spec.REFERENCE, name)), name
-
-
-@pytest.mark.parametrize("n", NUMBERS, ids=IDS)
-def test_stub_does_not_import_what_it_replaces(n):
-    """A stub defines its functions itself, and never names the orthros.py or perf/bench.py function it replaces."""
-    spec, answer = stub(n)
-    tree = ast.parse(framework.stub_source(spec))
-    named = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
-    named |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
-    for name in spec.FUNCTIONS:
-        assert answer.functions[name].__module__.startswith("_exercise_answer_"), name
-        assert name not in named or getattr(spec.REFERENCE, name).__module__.startswith("exercises."), name
 
 
 @pytest.mark.parametrize("swa_impl", ["dense", "blocked"])
@@ -126,22 +110,20 @@ def doubling(**more):
                 invariant="2x", **more)
 
 
-def test_the_reference_runs_first_on_its_own_copy_of_the_inputs():
-    """Each case runs the reference before the answer, and each gets its own copy of the inputs."""
+def test_the_reference_runs_first_on_its_own_copy_of_the_inputs_and_inputs_declared_mutable_may_change():
+    """Each case runs the reference before the answer, and each gets its own copy of the inputs; a case may name
+    inputs the answer is meant to change (a cache it appends to)."""
     shared = torch.arange(6.0)
     case = Case("double(x)", inputs=lambda: dict(x=shared), call=lambda answer, x: answer.double(x), invariant="2x")
     LOG.clear()
     assert framework.check(toy(case), SimpleNamespace(double=lambda x: LOG.append(("answer", x)) or x + x)).status == "PASS"
     assert [who for who, _ in LOG] == ["reference", "answer"] and len({id(x) for _, x in LOG} | {id(shared)}) == 3
-
-
-def test_an_input_declared_mutable_may_change():
-    """A case may name inputs the answer is meant to change (a cache it appends to)."""
     assert framework.check(toy(doubling(mutable=("x",))), SimpleNamespace(double=lambda x: 2 * x.mul_(1))).status == "PASS"
 
 
 def test_an_error_in_the_checkers_own_code_is_not_the_students():
-    """The checker's code failing after the answer returned, or inside the answer's call (a hook), is an ERROR."""
+    """The checker's code failing after the answer returned, or inside the answer's call (a hook), is an ERROR; an
+    exception raised by the answer's code is the answer's: its type, message and line."""
     after = Case("double(x), then a checker bug", inputs=lambda: dict(x=torch.arange(3.0)), invariant="2x",
                  call=lambda answer, x: torch.cat([answer.double(x), torch.zeros(2, 2)]))
     inside = Case("double(x) through a checker's hook", inputs=lambda: dict(x=torch.arange(3.0)), invariant="2x",
@@ -149,28 +131,22 @@ def test_an_error_in_the_checkers_own_code_is_not_the_students():
     for case in (after, inside):
         result = framework.check(toy(case), SimpleNamespace(double=lambda x, hook=None: 2 * x if hook is None else hook()))
         assert result.status == "ERROR" and "not your code" in result.message, result.message
-
-
-def test_an_error_in_the_answer_is_reported_where_it_happened():
-    """An exception raised by the answer's code is the answer's: its type, message and line."""
     answer = framework.load_answer(toy(doubling()), "def double(x):\n    return x @ x.T.T\n", "/nowhere/ex99_toy.py")
     result = framework.check(toy(doubling()), answer)
     assert "your code raised RuntimeError" in result.message and "(at /nowhere/ex99_toy.py, line 2)" in result.message
 
 
 def test_cases_may_run_on_another_device_or_dtype():
-    """Case.device builds the inputs there (meta: forms only), Case.dtype converts them; a missing device skips."""
+    """Case.device builds the inputs there (meta: forms only), Case.dtype converts them (and names them)."""
     meta, wide = doubling(device="meta"), doubling(dtype=torch.float64)
     assert framework.check(toy(meta, wide), SimpleNamespace(double=lambda x: 2 * x)).status == "PASS"
-    assert "has dtype torch.float32, expected torch.float64" in framework.check(toy(wide), SimpleNamespace(
-        double=lambda x: (2 * x).float())).message
-    if not torch.cuda.is_available():
-        assert "1 case(s) skipped" in framework.check(toy(doubling(device="cuda")), SimpleNamespace(double=lambda x: 2 * x)).message
+    message = framework.check(toy(wide), SimpleNamespace(double=lambda x: (2 * x).float())).message
+    assert "double(x), in float64" in message and "has dtype torch.float32, expected torch.float64" in message
 
 
 def test_refused_functions_raise_even_when_captured_before_the_check_and_are_restored():
     """A refused method captured at import time (f = Orthros.forward) raises while the answer runs, even if the answer
-    catches it, and works again afterwards."""
+    catches it, and works again afterwards; so after Ctrl-C inside an answer, which stops the check."""
     captured, code, model = orthros.Orthros.forward, orthros.Orthros.forward.__code__, framework.tiny_model()
 
     def answer(x):
@@ -182,14 +158,10 @@ def test_refused_functions_raise_even_when_captured_before_the_check_and_are_res
     result = framework.check(toy(doubling(), forbidden={orthros.Orthros.forward: "it runs the model"}), SimpleNamespace(double=answer))
     assert "refused: your code called orthros.Orthros.forward (it runs the model)" in result.message, result.message
     assert orthros.Orthros.forward.__code__ is code and captured(model, torch.zeros(1, 1, dtype=torch.long))
-
-
-def test_the_guard_is_restored_after_ctrl_c():
-    """Ctrl-C inside an answer stops the check and leaves nothing patched."""
     code = orthros.in_window.__code__
-    spec = toy(doubling(), forbidden={orthros.in_window: "the window"})
     with pytest.raises(KeyboardInterrupt):
-        framework.check(spec, SimpleNamespace(double=lambda x: (_ for _ in ()).throw(KeyboardInterrupt)))
+        framework.check(toy(doubling(), forbidden={orthros.in_window: "the window"}),
+                        SimpleNamespace(double=lambda x: (_ for _ in ()).throw(KeyboardInterrupt)))
     assert orthros.in_window.__code__ is code and not framework.STATE.active
 
 
@@ -221,33 +193,30 @@ def test_command_line_errors_are_one_line(capsys, args):
     assert args != ["bogus"] or ("solution" not in err and "'new'" not in err)   # the teachers' commands are not advertised
 
 
-def test_command_line_check_all_in_any_case_checks_every_exercise(capsys, monkeypatch):
-    """`check ALL --solution` checks every exercise in the checks folder, and counts them."""
+def test_command_line_check_all_counts_every_exercise_and_ctrl_c_prints_one_line(capsys, monkeypatch):
+    """`check ALL --solution` checks every exercise in the checks folder, and counts them; Ctrl-C while a check runs:
+    one line on stderr, exit 130."""
     monkeypatch.setattr(framework, "check", lambda spec, answer, **options: Result("PASS"))
     code, out, _ = cli(capsys, "check", "ALL", "--solution")
     assert code == 0 and f"{len(NUMBERS)} of {len(NUMBERS)} PASS" in out, "expected every exercise counted: " + out
-
-
-def test_command_line_ctrl_c_during_a_check_prints_one_line(capsys, monkeypatch):
-    """Ctrl-C while a check runs: one line on stderr, exit 130."""
     monkeypatch.setattr(framework, "check", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     code, _, err = cli(capsys, "check", "1", "--solution")
     assert code == 130 and err.strip() == "python -m exercises: interrupted"
 
 
-def test_command_line_solution_is_for_teachers(capsys):
-    """`solution N` points to the second hint; with --show it prints the whole solving file; --help hides it."""
+def test_command_line_solution_hint_and_list(capsys):
+    """`solution N` points to the second hint; with --show it prints the whole solving file (exercise 1's: orthros.py's
+    own functions); --help hides it. `hint 1 2` shows hint 2 of 3 and the command for the next. `list` shows every
+    exercise of the checks folder, by number and title."""
     code, out, err = cli(capsys, "solution", "1")
     assert code == 1 and out == "" and "hint 1 2" in err and "--show" in err
     code, out, _ = cli(capsys, "solution", "1", "--yes-i-am-a-teacher")
-    assert code == 0 and inspect.getsource(orthros.in_window) in out
+    assert code == 0 and inspect.getsource(orthros.in_window) in out and inspect.getsource(orthros.attention_mask) in out
     assert "solution" not in cli(capsys, "--help")[1]
-
-
-def test_command_line_hint(capsys):
-    """`hint 1 2` shows hint 2 of 3 and the command for the next."""
     code, out, _ = cli(capsys, "hint", "1", "2")
     assert code == 0 and "hint 2 of 3" in out and "python -m exercises hint 1 3" in out
+    code, out, _ = cli(capsys, "list")
+    assert code == 0 and all(f"{n:>2}  {load_spec(n).TITLE}" in out for n in NUMBERS), out
 
 
 @pytest.mark.parametrize("n", NUMBERS, ids=IDS)
@@ -262,21 +231,12 @@ def test_second_hint_gives_shapes_or_pseudocode_not_the_code(n):
             assert len(code) < 20 or code.startswith(("def ", '"""')) or code not in hint, (name, code)
 
 
-def test_show_mask_draws_figure_1_from_orthros():
-    """`show mask`: base rows see keys t-w+1 ... t; output rows see every key up to their twin's position."""
+def test_show_mask_draws_figure_1_from_orthros_and_the_syllabus_rows_are_true():
+    """`show mask`: base rows see keys t-w+1 ... t; output rows see every key up to their twin's position. Each row of
+    exercises/README.md's syllabus names an exercise by its checker's title and check command (a new exercise runs
+    before its row is written); the main README links the page."""
     rows, t, j = pattern(16, 4, 4), torch.arange(16)[:, None], torch.arange(16)[None, :]
     assert torch.equal(rows[:16], (j <= t) & (t - j < 4)) and torch.equal(rows[16:], j <= torch.arange(12, 16)[:, None])
-
-
-def test_command_line_list_names_every_exercise(capsys):
-    """`list` shows every exercise of the checks folder, by number and title."""
-    code, out, _ = cli(capsys, "list")
-    assert code == 0 and all(f"{n:>2}  {load_spec(n).TITLE}" in out for n in NUMBERS), out
-
-
-def test_syllabus_rows_are_true():
-    """Each row of exercises/README.md's syllabus names an exercise by its checker's title and check command (a new
-    exercise runs before its row is written); the main README links the page."""
     rows = [line for line in (REPO / "exercises" / "README.md").read_text().splitlines() if re.match(r"\| \d+ \|", line)]
     assert rows and all(load_spec(int(row.split("|")[1])).TITLE in row for row in rows), rows
     assert all(f"`python -m exercises check {int(row.split('|')[1])}`" in row for row in rows), rows

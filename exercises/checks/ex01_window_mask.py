@@ -6,10 +6,9 @@ from unittest import mock
 import torch
 
 import orthros
-from exercises.framework import Bug, Case, Mutant, tiny_model, tokens
+from exercises.framework import SOLUTIONS, Bug, Case, Mutant, tiny_model, tokens
 
 TITLE, DIFFICULTY, MINUTES = "The window mask", 1, 20
-TEACHES = "eq. 4's exact boundary (key t-w+1 seen, t-w not); bottom-right alignment; one predicate behind every path"
 FUNCTIONS = ("in_window", "attention_mask")
 REFERENCE = SimpleNamespace(in_window=orthros.in_window, attention_mask=orthros.attention_mask)
 PAPER = "the paper's window, T=300"
@@ -68,20 +67,7 @@ MUTANTS = [
             "def attention_mask(": "@functools.lru_cache(maxsize=None)\ndef attention_mask("}),
 ]
 
-ALSO_RIGHT = """import torch
-
-
-def in_window(q_pos, k_pos, window):
-    seen = torch.le(k_pos, q_pos)
-    if window:
-        seen = torch.logical_and(seen, k_pos > q_pos - window)
-    return seen
-
-
-def attention_mask(n_q, n_k, window=None, device=None):
-    mask = torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
-    return mask if window is None else mask.triu(n_k - n_q - window + 1)
-"""
+ALSO_RIGHT = (SOLUTIONS / "ex01_window_mask_also.py").read_text()   # a right answer written otherwise
 
 WINDOW = "query t sees exactly keys t-w+1 ... t (eq. 4), every key <= t without a window (eq. 5)"
 FAR = ("t - j and w must be compared whole, however large: in int8 (-128 ... 127: even w = 128 wraps to -128), int16 "
@@ -91,15 +77,13 @@ ARANGE = "q_pos = torch.arange({T})[:, None], k_pos = torch.arange({T})[None, :]
 
 
 def window_case(what, q_pos, k_pos, window, invariant=WINDOW):
-    return Case(f"in_window(q_pos, k_pos, window={window}) with {what}", output="your mask",
-                inputs=lambda: dict(q_pos=q_pos, k_pos=k_pos, window=window), invariant=invariant,
-                call=lambda answer, q_pos, k_pos, window: answer.in_window(q_pos, k_pos, window))
+    return Case(f"in_window(q_pos, k_pos, window={window}) with {what}", dict(q_pos=q_pos, k_pos=k_pos, window=window),
+                "in_window", invariant, output="your mask")
 
 
 def mask_case(n_q, n_k, window, what="", invariant=ALIGNED):
-    return Case(f"attention_mask(n_q={n_q}, n_k={n_k}, window={window}){what}", output="your mask",
-                inputs=lambda: dict(n_q=n_q, n_k=n_k, window=window), invariant=invariant,
-                call=lambda answer, n_q, n_k, window: answer.attention_mask(n_q, n_k, window))
+    return Case(f"attention_mask(n_q={n_q}, n_k={n_k}, window={window}){what}", dict(n_q=n_q, n_k=n_k, window=window),
+                "attention_mask", invariant, output="your mask")
 
 
 def cases(**options):
@@ -123,8 +107,7 @@ def cases(**options):
         ("orthros", "dense", 5), ("orthros", "blocked", 5), ("swa", "dense", 21), ("swa", "blocked", 21), ("orthros", "blocked", 21)]]
     found.append(Case(
         "attention_mask(n_q=3, n_k=5, window=2), called again after the caller changed the first mask in place "
-        "(mask.fill_(False)): yours must make a new mask each call", output="your second mask",
-        inputs=lambda: dict(n_q=3, n_k=5, window=2),
+        "(mask.fill_(False)): yours must make a new mask each call", dict(n_q=3, n_k=5, window=2), output="your second mask",
         call=lambda answer, **asked: (answer.attention_mask(**asked).fill_(False), answer.attention_mask(**asked))[1],
         invariant="a call's result is the caller's own tensor: what the caller does with it changes no later call"))
     # The paper's sizes: w = 128 over T = 300 (a block of 128 and a partial one); distances past 127, 2^15 and 2^16
@@ -138,9 +121,8 @@ def cases(**options):
               mask_case(2, 70000, 40000, ": distances past 2^15 and 2^16, a window past 2^15", f"{WINDOW}; {FAR}")]
     # The device (last: the first arithmetic on 'meta' makes torch import its compiler, ~1.7 s once per process)
     meta = "called while the default device is 'meta' (inside `with torch.device('meta'):`)"
-    return found + [Case(f"attention_mask(n_q={n_q}, n_k={n_k}, window={w}, {where}", call=meta_default, output="your mask",
-                         inputs=lambda n_q=n_q, n_k=n_k, w=w, device=device: dict(n_q=n_q, n_k=n_k, window=w, device=device),
-                         invariant=invariant) for n_q, n_k, w, device, where, invariant in [
+    return found + [Case(f"attention_mask(n_q={n_q}, n_k={n_k}, window={w}, {where}", dict(n_q=n_q, n_k=n_k, window=w,
+                         device=device), meta_default, invariant, output="your mask") for n_q, n_k, w, device, where, invariant in [
         (3, 5, 2, "cpu", f"device='cpu'), {meta}", "the mask is built on the device it is asked for, whatever the default"),
         (300, 300, 128, "meta", "device='meta'): the paper's sizes on the device 'meta' (shapes, no values)",
          "the mask is built on the device it is asked for (here 'meta'), not on the CPU"),
@@ -151,9 +133,8 @@ def cases(**options):
 def logits_case(attn, swa_impl, T, w, t_out):
     model = tiny_model(attn, window=w, swa_impl=swa_impl)
     return Case(f"whole-model logits, attn={attn!r}, swa_impl={swa_impl!r}, T={T}, w={w}, t_out={t_out}, with your "
-                "in_window and attention_mask patched into orthros.py", output="the model's logits",
-                inputs=lambda: dict(model=model, idx=tokens(2, T), t_out=t_out), call=patched_logits,
-                invariant="every window path of orthros.py (dense mask, blocked band mask) asks the one predicate, so the "
+                "in_window and attention_mask patched into orthros.py", dict(model=model, idx=tokens(2, T), t_out=t_out),
+                patched_logits, output="the model's logits", invariant="every window path of orthros.py (dense mask, blocked band mask) asks the one predicate, so the "
                           "logits follow it: the right predicate gives the model's own logits")
 
 

@@ -4,12 +4,11 @@ from types import SimpleNamespace
 
 import torch
 
-from exercises.framework import Bug, Case, Mutant, handed_to_blocks, tiny_model, tokens
+from exercises.framework import SOLUTIONS, Bug, Case, Mutant, handed_to_blocks, tiny_model, tokens
 from exercises.solutions import ex02_two_streams as solution
 from orthros import Orthros
 
 TITLE, DIFFICULTY, MINUTES = "Two streams to logits (Alg. 2)", 2, 30
-TEACHES = "Alg. 2: duplicate the last t_out embeddings at their twins' positions; the LM head reads only the output stream"
 FUNCTIONS = ("two_stream_logits",)
 REFERENCE = SimpleNamespace(two_stream_logits=solution.two_stream_logits)
 FORBIDDEN = dict.fromkeys((Orthros.forward, Orthros.prefill, Orthros.decode, Orthros.generate, Orthros.generate_tokens),
@@ -71,23 +70,7 @@ MUTANTS = [
            {"z = block(z, T, rope)": "z = block(z, z.size(1), rope)"}),
 ]
 
-ALSO_RIGHT = """import torch
-
-from orthros import rope_cos_sin
-
-
-def two_stream_logits(model, idx, t_out):
-    B, T = idx.shape
-    x = model.drop(model.wte(idx))
-    z = torch.cat([x, x[:, -t_out:]], dim=1)
-    positions = torch.arange(T, device=idx.device)
-    positions = torch.cat([positions, positions[-t_out:]])
-    cos, sin = rope_cos_sin(positions, model.blocks[0].attn.head_dim, model.config.rope_base)
-    rope = cos.to(model.lm_head.weight.dtype), sin.to(model.lm_head.weight.dtype)
-    for block in model.blocks:
-        z = block(z, T, rope)
-    return model.lm_head(model.ln_f(z))[:, T:]
-"""
+ALSO_RIGHT = (SOLUTIONS / "ex02_two_streams_also.py").read_text()   # a right answer written otherwise
 
 INVARIANT = ("the logits equal model(idx, t_out=t_out): the output tokens are copies of the last t_out embeddings at "
              "their twins' positions, and the LM head reads only them")

@@ -7,12 +7,10 @@ import torch
 
 from data.sft import collate, load_examples
 from data.tokenizer import get_tokenizer
-from exercises.framework import REPO, Bug, Case, Mutant, tiny_model, tokens, using
+from exercises.framework import REPO, SOLUTIONS, Bug, Case, Mutant, tiny_model, tokens, using
 from exercises.solutions import ex03_t_out_regimes as solution
 
 TITLE, DIFFICULTY, MINUTES = "The t_out regimes", 2, 30
-TEACHES = ("pre-training, SFT, prefill and decode are one forward pass; the smallest t_out of an SFT batch; T + t_out "
-           "tokens against 2T")
 FUNCTIONS = ("smallest_t_out", "tokens_through_layers")
 REFERENCE = SimpleNamespace(smallest_t_out=solution.smallest_t_out, tokens_through_layers=solution.tokens_through_layers)
 PAPER = "sequences of up to 2048 tokens"
@@ -62,17 +60,7 @@ MUTANTS = [
            {'if attn == "orthros"': 'if attn != "transformer"'}),
 ]
 
-ALSO_RIGHT = """import torch
-
-
-def smallest_t_out(targets):
-    rows, columns = torch.where(targets >= 0)
-    return targets.shape[-1] - columns.min().item() if len(columns) else 1
-
-
-def tokens_through_layers(attn, T, t_out):
-    return {'orthros': T + t_out}.get(attn, T)
-"""
+ALSO_RIGHT = (SOLUTIONS / "ex03_t_out_regimes_also.py").read_text()   # a right answer written otherwise
 
 
 def example(turn_lengths, rng):

@@ -4,13 +4,11 @@ from types import SimpleNamespace
 
 import torch
 
-from exercises.framework import Bug, Case, Mutant, randn, tiny_model
+from exercises.framework import SOLUTIONS, Bug, Case, Mutant, randn, tiny_model
 from exercises.solutions import ex04_algorithm1 as solution
 from orthros import Block, Orthros, OrthrosAttention, rope_cos_sin
 
 TITLE, DIFFICULTY, MINUTES = "Algorithm 1 with the scale-offsets", 3, 45
-TEACHES = ("Alg. 1: K, V from base tokens only; W_Q, W_K, W_V, W_O shared; the streams differ only by alpha*q+beta and "
-           "alpha'*q+beta'")
 FUNCTIONS = ("orthros_attention",)
 REFERENCE = SimpleNamespace(orthros_attention=solution.orthros_attention)
 FORBIDDEN = dict.fromkeys((OrthrosAttention.forward, Block.forward, Orthros.forward),
@@ -91,27 +89,7 @@ MUTANTS = [
             "y = z.copy_(torch.cat([y, y_out], dim=2).transpose(1, 2).reshape(B, L, C))   # z is spent"}),
 ]
 
-ALSO_RIGHT = """import math
-
-import torch
-
-from orthros import apply_rope, attention_mask
-
-
-def orthros_attention(attn, z, T, cos, sin):
-    B, L, C = z.shape
-    D = cos.size(-1)
-    H = C // D
-    heads = lambda t: t.reshape(B, t.size(1), H, D).permute(0, 2, 1, 3)
-    q = apply_rope(heads(attn.alpha * attn.c_q(z[:, :T]) + attn.beta), cos[:T], sin[:T])
-    q_out = apply_rope(heads(attn.alpha_out * attn.c_q(z[:, T:]) + attn.beta_out), cos[T:], sin[T:])
-    k, v = apply_rope(heads(attn.c_k(z[:, :T])), cos[:T], sin[:T]), heads(attn.c_v(z[:, :T]))
-    q = torch.cat([q, q_out], dim=2)
-    mask = torch.cat([attention_mask(T, T, attn.window, z.device), attention_mask(L - T, T, None, z.device)])
-    scores = (q @ k.transpose(-1, -2) / math.sqrt(D)).masked_fill(~mask, float('-inf'))
-    y = scores.softmax(dim=-1) @ v
-    return attn.c_proj(y.permute(0, 2, 1, 3).reshape(B, L, C))
-"""
+ALSO_RIGHT = (SOLUTIONS / "ex04_algorithm1_also.py").read_text()   # a right answer written otherwise
 
 INVARIANT = ("the output equals attn(z, T, (cos, sin)): K, V from the base tokens only; one W_Q, then alpha * q + beta for "
              "base tokens and alpha' * q + beta' for output tokens; base tokens attend the window (eq. 4), output tokens "

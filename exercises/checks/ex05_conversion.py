@@ -5,14 +5,11 @@ from types import SimpleNamespace
 
 import torch
 
-from exercises.framework import Bug, Case, Mutant, Wrong, describe, tiny_model, tokens, using
+from exercises.framework import SOLUTIONS, Bug, Case, Mutant, Wrong, describe, tiny_model, tokens, using
 from exercises.solutions import ex05_conversion as solution
 from orthros import Orthros
 
-TITLE = "Converting a Transformer"
-DIFFICULTY = 3
-MINUTES = 30
-TEACHES = "the conversion is a pure weight copy with identity scale-offsets; with w >= T Orthros is the Transformer"
+TITLE, DIFFICULTY, MINUTES = "Converting a Transformer", 3, 30
 FUNCTIONS = ("convert",)
 REFERENCE = SimpleNamespace(convert=solution.convert)
 FORBIDDEN = {Orthros.load_transformer_weights: "orthros.py's own conversion, which this exercise asks you to write"}
@@ -82,27 +79,10 @@ MUTANTS = [
            {"def convert(": "@__import__('functools').lru_cache(maxsize=None)\ndef convert("}),
 ]
 
-ALSO_RIGHT = """import dataclasses
+ALSO_RIGHT = (SOLUTIONS / "ex05_conversion_also.py").read_text()   # a right answer written otherwise
 
-import torch
-
-from orthros import Orthros
-
-
-def convert(transformer, window):
-    model = Orthros(dataclasses.replace(transformer.config, attn='orthros', window=window))
-    model = model.to(dtype=next(transformer.parameters()).dtype)
-    own = model.state_dict()
-    with torch.no_grad():
-        for name, weight in transformer.state_dict().items():
-            own[name].copy_(weight)
-        for name, p in model.named_parameters():
-            if name.endswith(('alpha', 'alpha_out')):
-                p.fill_(1.0)
-            elif name.endswith(('beta', 'beta_out')):
-                p.zero_()
-    return model
-"""
+OTHER = ("another Transformer: n_layer=3, n_head=4, C=48, rope_base=500.0, dropout=0.1, swa_impl='dense', max_seq_len=300, "
+         "in train mode")
 
 
 def cases(**options):
@@ -110,40 +90,36 @@ def cases(**options):
     conv = tiny_model("transformer", window=32, conv_kernel=3, seed=1)
     other = tiny_model("transformer", seed=2, vocab_size=41, n_layer=3, n_head=4, n_embd=48, rope_base=500.0, dropout=0.1,
                        swa_impl="dense", max_seq_len=300).train()
-    about_other = ("another Transformer: n_layer=3, n_head=4, C=48, rope_base=500.0, dropout=0.1, swa_impl='dense', "
-                   "max_seq_len=300, in train mode")
     idx = tokens(2, 24)
-    found = structure(transformer, 4) + structure(other, 5, about_other)
+    found = structure(transformer, 4) + structure(other, 5, OTHER)
     found += [logits_case(model, what, 32, idx, t_out) for model, what in ((transformer, "the Transformer"),
-                                                                           (conv, "a Transformer with conv_kernel=3")) for t_out in (24, 5)]
+                                                                           (conv, "one with conv_kernel=3")) for t_out in (24, 5)]
     found.append(logits_case(transformer, "the Transformer", 4, idx, 24))
     found.append(Case("convert(transformer, window=4) twice, the first model changed in place between the calls (as "
-                      "training it would: its wte.weight += 1); the second model's state dict", output="your second model's state dict",
-                      inputs=lambda: dict(transformer=transformer, window=4), call=converted_twice,
+                      "training it would: its wte.weight += 1); the second model's state dict", call=converted_twice,
+                      inputs=lambda: dict(transformer=transformer, window=4), output="your second model's state dict",
                       invariant="each call returns a new model: training the first converted model changes no later one",
                       expected=lambda transformer, window: transformer.state_dict()))
     # One dimension at a time, each named in the case: what an answer could have written in
-    for dtype in (torch.float32, torch.bfloat16):
-        found += structure(transformer, 4, f"a {str(dtype)[6:]} Transformer", dtype=dtype)[1:2]
-    found.append(logits_case(transformer, "a float32 Transformer", 32, idx, 5, dtype=torch.float32))
-    found.append(logits_case(other, about_other, 5, tokens(3, 24, vocab=41), 24))
-    found.append(logits_case(transformer, "the Transformer", 128, tokens(2, 300), 300))   # the paper's window, T = 300
-    return found
+    found += [structure(transformer, 4, dtype=dtype)[1] for dtype in (torch.float32, torch.bfloat16)]
+    found.append(logits_case(transformer, "the Transformer", 32, idx, 5, dtype=torch.float32))
+    found.append(logits_case(other, OTHER, 5, tokens(3, 24, vocab=41), 24))
+    return found + [logits_case(transformer, "the Transformer", 128, tokens(2, 300), 300)]   # the paper's window, T = 300
 
 
 def structure(transformer, window, about="the Transformer", dtype=None):
     """The converted model's config, weights, scale-offsets and storage, each a case."""
-    call = f"convert(transformer, window={window}), transformer: {about}"
-    where = "" if dtype is None else f", {str(dtype)[6:]} here"
-    case = lambda what, view, invariant, **more: Case(
-        f"{what}: model = {call}", inputs=lambda: dict(transformer=transformer, window=window), dtype=dtype,
-        call=lambda answer, transformer, window: view(converted(answer, transformer, window), transformer), invariant=invariant, **more)
+    def case(what, view, invariant, **more):
+        return Case(f"{what}: model = convert(transformer, window={window}), transformer: {about}", dtype=dtype,
+                    inputs=lambda: dict(transformer=transformer, window=window), invariant=invariant, **more,
+                    call=lambda answer, transformer, window: view(converted(answer, transformer, window), transformer))
     return [
-        case("dataclasses.asdict(model.config)", lambda model, t: dataclasses.asdict(model.config),
-             "the Transformer's config with attn='orthros' and the new window; nothing else changes", output="your model's config",
-             expected=lambda transformer, window: dataclasses.asdict(dataclasses.replace(transformer.config, attn="orthros", window=window))),
+        case("dataclasses.asdict(model.config)", lambda model, t: dataclasses.asdict(model.config), output="your model's config",
+             invariant="the Transformer's config with attn='orthros' and the new window; nothing else changes",
+             expected=lambda transformer, window: dataclasses.asdict(dataclasses.replace(transformer.config, attn="orthros",
+                                                                                         window=window))),
         case("the converted model's state dict, at the Transformer's names", transformer_names,
-             f"every Transformer weight is copied exactly, under its own name, in its dtype (a pure weight copy{where})",
+             "every Transformer weight is copied exactly, under its own name, in its dtype (a pure weight copy)",
              expected=lambda transformer, window: transformer.state_dict(), output="your model's state dict"),
         case("the converted model's scale-offsets (the names the Transformer lacks)", new_parameters,
              "the scale-offsets start at the identity, alpha = alpha' = 1, beta = beta' = 0 (as orthros.py's "
@@ -156,16 +132,14 @@ def structure(transformer, window, about="the Transformer", dtype=None):
 
 def logits_case(model, what, window, idx, t_out, dtype=None):
     B, T = idx.shape
-    same = window >= T
-    invariant = "with w >= T and identity scale-offsets, Orthros gives the Transformer's logits" if same else \
-        "with w < T the converted model computes what orthros.py's own conversion computes"
-    exact = "in float64, to 1e-12" if dtype is None else "in float32, to 1e-5"
+    same = window >= T   # then the converted model is the Transformer
     return Case(f"convert(transformer, window={window})(idx, t_out={t_out})[0], idx of shape ({B}, {T}), transformer: {what}",
                 inputs=lambda: dict(transformer=model, window=window, idx=idx, t_out=t_out), dtype=dtype,
-                call=converted_logits, invariant=f"{invariant} ({exact})", atol=1e-12 if dtype is None else 1e-5,
-                expected=lambda transformer, window, idx, t_out: logits(transformer.eval() if same else
-                                                                        reference_conversion(transformer, window), idx, t_out),
-                output="your model's logits")
+                call=converted_logits, output="your model's logits",
+                invariant="with w >= T and identity scale-offsets, Orthros gives the Transformer's logits" if same else
+                          "with w < T the converted model computes what orthros.py's own conversion computes",
+                expected=lambda transformer, window, idx, t_out: logits(
+                    transformer.eval() if same else reference_conversion(transformer, window), idx, t_out))
 
 
 def converted(answer, transformer, window):

@@ -1,19 +1,14 @@
 """Exercise 6, how far each stream can see: the checker."""
 
 import functools
-import inspect
 from types import SimpleNamespace
 
 import torch
 
-from exercises.framework import Bug, Case, Mutant, Wrong, short, tiny_model, tokens
+from exercises.framework import SOLUTIONS, Bug, Case, Mutant, Wrong, dependence, describe, short, tiny_model, tokens
 from exercises.solutions import ex06_reach as solution
 
-TITLE = "How far each stream can see"
-DIFFICULTY = 3
-MINUTES = 30
-TEACHES = ("measured by perturbing inputs: SWA's reach is exactly [t - L(w-1), t]; Orthros's output stream sees every "
-           "earlier position")
+TITLE, DIFFICULTY, MINUTES = "How far each stream can see", 3, 30
 FUNCTIONS = ("positions_that_change", "swa_reach")
 REFERENCE = SimpleNamespace(positions_that_change=solution.positions_that_change, swa_reach=solution.swa_reach)
 PAPER = "swa_reach(n_layer=12, window=128)"
@@ -48,7 +43,7 @@ BUGS = [
 ]
 
 MUTANTS = [
-    Mutant("the token set to 0, not changed", "position 6 (token 0) is missing", {PERTURBED: "0"}),
+    Mutant("the token set to 0, not changed", "position 6 is missing", {PERTURBED: "0"}),
     Mutant("token + 1 without the modulo", "IndexError", {PERTURBED: "other[0, j] + 1"}),
     Mutant("the tiny model's vocabulary hard-coded (% 37)", "IndexError", {PERTURBED: "(other[0, j] + 1) % 37"}),
     Mutant("torch.allclose, not torch.equal", "a faint change, but not zero", {COMPARED: f"if not torch.allclose({AFTER}, before):"}),
@@ -56,14 +51,14 @@ MUTANTS = [
            {COMPARED: f"if not torch.equal({AFTER}.float(), before.float()):"}),
     Mutant("the predicted token compared, not the logits", "is missing",
            {COMPARED: f"if not torch.equal({AFTER}.argmax(-1), before.argmax(-1)):"}),
-    Mutant("the positions from the config, not measured", "position 5 (token 16) is missing",
+    Mutant("the positions from the config, not measured", "position 5 is missing",
            {"    with torch.no_grad():\n        before": "    c = model.config\n    first = 0 if c.attn != 'swa' else "
             "max(0, t - c.n_layer * (c.window - 1))\n    return list(range(first, t + 1))\n    with torch.no_grad():\n        before"}),
     Mutant("idx perturbed in place", "changed its input `idx`", {"other = idx.clone()": "other = idx"}),
     Mutant("the model made float64 for exact comparisons", "changed its input `model`",
            {"    with torch.no_grad():\n        before": "    model.double()\n    with torch.no_grad():\n        before"}),
     Mutant("swa_reach with the window hard-coded", "it does not change with window", {REACH: "n_layer * 3"}),
-    Mutant("swa_reach as n_layer * window - 1", "yours 3, measured 2", {REACH: "n_layer * window - 1"}),
+    Mutant("swa_reach as n_layer * window - 1", "yours 3, the reference 2", {REACH: "n_layer * window - 1"}),
     Mutant("swa_reach one too far", "off by one", {REACH: "n_layer * (window - 1) + 1"}),
     Mutant("the checker's measurement imported", "is not available to your code",
            {"    return n_layer * (window": "    from exercises.checks.ex06_reach import measured_reach\n"
@@ -72,46 +67,31 @@ MUTANTS = [
            source="from exercises.solutions.ex06_reach import positions_that_change, swa_reach\n"),
 ]
 
-ALSO_RIGHT = """import torch
-
-
-def positions_that_change(model, idx, t):
-    vocab = model.config.vocab_size
-    with torch.no_grad():
-        logits = lambda tokens: model(tokens)[0][0, t]
-        before = logits(idx)
-        found = []
-        for j in range(t + 1):                      # nothing after t can matter
-            other = idx.clone()
-            other[0, j] = (other[0, j] + vocab // 2) % vocab
-            if (logits(other) != before).any():
-                found.append(j)
-    return found
-
-
-def swa_reach(n_layer, window):
-    return (window - 1) * n_layer
-"""
+ALSO_RIGHT = (SOLUTIONS / "ex06_reach_also.py").read_text()   # a right answer written otherwise
 
 # (attn, n_layer, window, T, t, what else): every dimension an answer could hard-code varies: the depth and the window
 # (one not dividing T), the vocabulary (token vocab_size - 1 is planted at t, token 0 at t - 1: a perturbation must
 # change both), heads, rope_base, seed, float32, the convolution, t = 0, influences faint enough that only float64 sees them
 POSITIONS = [
     ("swa", 1, 2, 8, 7, {}), ("swa", 1, 3, 8, 5, dict(vocab_size=11, seed=1)), ("orthros", 1, 2, 8, 7, {}),
-    ("orthros", 3, 2, 9, 0, {}), ("transformer", 2, 3, 10, 9, {}), ("swa", 3, 2, 10, 9, dict(faint=0.01)),
+    ("orthros", 3, 2, 9, 0, {}), ("transformer", 2, 3, 10, 9, {}), ("swa", 3, 2, 10, 9, dict(faint=0.1)),
     ("swa", 3, 2, 10, 9, dict(faint=1e-4)), ("swa", 2, 3, 12, 11, dict(n_head=4, rope_base=500.0)),
     ("orthros", 2, 3, 12, 8, dict(dtype=torch.float32, seed=2)), ("swa", 2, 3, 14, 13, dict(conv_kernel=3)),
     ("swa", 3, 4, 16, 12, dict(n_head=4, dtype=torch.float32, seed=3)),
 ]
+FAINT = "; far positions move the logits at t only faintly here: a faint change, but not zero, is a change"
+FAINTER = "; far positions move the logits at t below float32's resolution here: compare in the model's own dtype"
 REACHES = [(1, 1), (1, 2), (2, 2), (3, 2), (1, 4), (2, 3), (3, 4), (2, 8), (4, 5), (12, 128)]   # the last: the paper's
+INVARIANT = ("the positions whose token moves the logits at t: for SWA exactly t - L(w-1) ... t (a convolution of kernel k "
+             "reaches k-1 further per layer); for Orthros (the output stream) and the Transformer every position 0 ... t; "
+             "never one after t")
 
 
 def cases(**options):
     yield from [Case(f"swa_reach(n_layer={n_layer}, window={window})" + (" (the paper's)" if window == 128 else ""),
-                   inputs=lambda n_layer=n_layer, window=window: dict(n_layer=n_layer, window=window), call=checked_reach,
-                   invariant="t minus the farthest position that moves a sliding-window model's logits at t, measured live "
-                             "with the stored solution's positions_that_change", expected=measured_reach, output="your reach")
-             for n_layer, window in REACHES]
+                     inputs=lambda n_layer=n_layer, window=window: dict(n_layer=n_layer, window=window), call=checked_reach,
+                     invariant="t minus the farthest position that moves a sliding-window model's logits at t, measured "
+                               "live", expected=measured_reach, output="your reach") for n_layer, window in REACHES]
     for attn, n_layer, window, T, t, more in POSITIONS:
         more = dict(more)
         dtype, faint, seed = more.pop("dtype", None), more.pop("faint", None), more.pop("seed", 0)
@@ -124,104 +104,45 @@ def cases(**options):
         idx[0, max(t - 1, 0)], idx[0, t] = 0, vocab - 1
         details = ", ".join([f"{n_layer} layer(s)", f"n_head={model.config.n_head}", f"w={window}", f"vocab_size={vocab}"] +
                             [f"{k}={v!r}" for k, v in more.items() if k not in ("n_head", "vocab_size")] +
-                            (["float32"] if dtype else []) +
-                            ([f"each attention's output projection scaled by {faint} (faint far influences)"] if faint else []))
+                            ([f"each attention's output projection scaled by {faint}"] if faint else []))
         planted = (f"token 0 at position {t - 1}, " if t else "") + f"token {vocab - 1} (= vocab_size - 1) at position {t}"
-        yield Case(
-            f"positions_that_change(model, idx, t={t}): attn={attn!r}, {details}; idx of shape (1, {T}) with {planted}",
-            inputs=lambda model=model, idx=idx, t=t: dict(model=model, idx=idx, t=t), call=checked_positions,
-            dtype=dtype, output="your positions",
-            invariant="the positions whose token moves the logits at t: for SWA exactly t - L(w-1) ... t (a convolution "
-                      "of kernel k reaches k-1 further per layer); for Orthros (the output stream) and the Transformer "
-                      "every position 0 ... t; never one after t")
+        yield Case(f"positions_that_change(model, idx, t={t}): attn={attn!r}, {details}; idx of shape (1, {T}) with {planted}",
+                   inputs=lambda model=model, idx=idx, t=t: dict(model=model, idx=idx, t=t), dtype=dtype,
+                   call=lambda answer, model, idx, t: answer.positions_that_change(model, idx, t), compare=compared,
+                   output="your positions", invariant=INVARIANT + (FAINT if faint == 0.1 else FAINTER if faint else ""))
 
 
-def checked_positions(answer, model, idx, t):
-    """The answer's positions; when they are not the measured ones, which position is wrong and why."""
-    right = measured_positions(model, idx, t)
-    mine = answer.positions_that_change(model, idx, t)
-    if inspect.unwrap(answer.positions_that_change) is solution.positions_that_change or mine == right:
-        return mine
-    try:
-        mine_set = {int(j) for j in mine}
-    except (TypeError, ValueError):
-        return mine   # the framework reports the difference
-    head = f"yours {short(mine)}, measured {short(right)}"
-    if len(mine_set) < len(mine):
-        raise Wrong(f"{head}: your list repeats a position")
-    if sorted(mine_set) != list(mine):
-        raise Wrong(f"{head}: the right positions, but your list is not sorted")
-    missing, extra = sorted(set(right) - mine_set), sorted(mine_set - set(right))
-    j = (missing or extra)[0]
-    if not 0 <= j < idx.size(1):
-        raise Wrong(f"{head}: position {j} is not a position of idx (0 ... {idx.size(1) - 1})")
-    if j > t:
-        raise Wrong(f"{head}: position {j} is after t={t}: the logits at t never see it (k_pos <= q_pos)")
-    token, vocab = int(idx[0, j]), model.config.vocab_size
-    moved, size = influence(model, idx, t, j)
-    if not missing:
-        raise Wrong(f"{head}: position {j} (token {token}) is in yours, though changing its token ({token} -> "
-                    f"{(token + 1) % vocab}) leaves the logits at t={t} exactly as they were")
-    faint = "" if moved >= 1e-6 else " (a faint change, but not zero: compare exactly" + (
-        ", in the model's dtype: it is below float32's resolution)" if moved < 1e-7 * size else ")")
-    raise Wrong(f"{head}: position {j} (token {token}) is missing, though changing its token ({token} -> "
-                f"{(token + 1) % vocab}) moves the logits at t={t} by up to {moved:.2g}{faint}")
-
-
-MEASURED = {}
-
-
-def measured_positions(model, idx, t):
-    """The stored solution's measurement, once per model, input and t (the answer's run gets a copy of the inputs
-    the reference's run got)."""
-    key = (repr(model.config), str(model.wte.weight.dtype), tuple(idx.flatten().tolist()), t,
-           tuple(float(p.double().sum()) for p in model.state_dict().values()))
-    if key not in MEASURED:
-        MEASURED[key] = solution.positions_that_change(model, idx, t)
-    return list(MEASURED[key])
-
-
-def influence(model, idx, t, j):
-    """How far changing token j moves the logits at t, and how large those logits are."""
-    with torch.no_grad():
-        other = idx.clone()
-        other[0, j] = (other[0, j] + 1) % model.config.vocab_size
-        before = model(idx)[0][:, t]
-        return (model(other)[0][:, t] - before).abs().max().item(), before.abs().max().item()
+def compared(mine, right):
+    """What is wrong with a list of positions, in words: the first one missing or too many."""
+    if not isinstance(mine, list) or not all(type(j) is int for j in mine):
+        return f"your positions are {describe(mine)}, expected a list of ints"
+    wrong = sorted(set(mine) ^ set(right))
+    if not wrong:
+        return None if mine == right else f"yours {short(mine)}: the right positions, but not once each in order"
+    return f"yours {short(mine)}, measured {short(right)}: position {wrong[0]} is " + \
+        ("missing" if wrong[0] in right else "in yours, though changing its token leaves the logits at t as they were")
 
 
 def checked_reach(answer, n_layer, window):
-    """The answer's reach; when it is wrong: off by one?, and how it and the measured reach change with each dimension."""
+    """The answer's reach; when it is wrong, how it and the measured reach change with each argument."""
     mine, right = answer.swa_reach(n_layer, window), measured_reach(n_layer, window)
-    if mine == right:
-        return mine
-    notes = ["off by one"] if isinstance(mine, int) and abs(mine - right) == 1 else []
-    for name, args in (("window", (n_layer, window + 1)), ("n_layer", (n_layer + 1, window))):
-        try:
-            theirs, measured = answer.swa_reach(*args), measured_reach(*args)
-        except Exception:
-            continue
-        stuck = f": it does not change with {name}, the measured reach does" if theirs == mine and measured != right else ""
-        notes.append(f"your swa_reach{args} is {short(theirs)}, measured {measured}{stuck}")
-    raise Wrong(f"yours {short(mine)}, measured {right}" + "".join(f"; {note}" for note in notes))
+    notes = [] if mine == right else dependence(lambda args: answer.swa_reach(*args), lambda args: measured_reach(*args),
+                                                (n_layer, window), [("window", (n_layer, window + 1)),
+                                                                    ("n_layer", (n_layer + 1, window))])
+    if notes:
+        raise Wrong(f"yours {short(mine)}, the reference {right}: " + "; ".join(notes))
+    return mine
 
 
 @functools.lru_cache(maxsize=None)
 def measured_reach(n_layer, window):
-    """t minus the farthest position that moves the logits at t = T - 1 of a tiny SWA model, measured live: by
-    perturbing every position of a short sequence, as the exercise does; for deep models and long windows (the paper's
-    12 layers, w = 128), whose farthest influences are lost to float64's rounding (about (1/w)^L), by autograd: the
-    gradient of the logits at t with respect to each position's embedding is exactly zero beyond the reach."""
-    T = n_layer * (window - 1) + 3  # room for the whole reach and two positions beyond it
-    if T <= 64:
-        model = tiny_model("swa", n_layer=n_layer, window=window)
-        return T - 1 - min(solution.positions_that_change(model, tokens(1, T, seed=T), T - 1))
-    model = tiny_model("swa", n_layer=n_layer, window=window, n_embd=8, n_head=1, max_seq_len=T)
-    kept = {}
-    hook = model.wte.register_forward_hook(lambda module, args, out: kept.setdefault("embeddings", out))
-    logits = model(tokens(1, T, seed=T))[0]
-    hook.remove()
-    grad, = torch.autograd.grad(logits[0, T - 1].sum(), kept["embeddings"])
+    """t minus the farthest position that moves the logits at t = T - 1 of a tiny SWA model, measured live: the gradient
+    of those logits with respect to each position's embedding is exactly zero beyond the reach (perturbing tokens, as
+    the exercise does, loses the farthest influences of deep models to float64's rounding: about (1/w)^L)."""
+    T = n_layer * (window - 1) + 3   # room for the whole reach and two positions beyond it
+    model, kept = tiny_model("swa", n_layer=n_layer, window=window, n_embd=8, n_head=1, max_seq_len=max(512, T)), []
+    model.wte.register_forward_hook(lambda module, args, out: kept.append(out))
+    grad, = torch.autograd.grad(model(tokens(1, T, seed=T))[0][0, T - 1].sum(), kept)
     return T - 1 - int((grad[0] != 0).any(-1).nonzero().min())
 
 
