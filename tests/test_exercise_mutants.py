@@ -1,14 +1,8 @@
 """
-The exercise checkers, proven by the wrong answers they reject and the right answers they accept, for every
-exercise the checks folder holds (what each needs is declared in its checker: MUTANTS, PAPER, ALSO_RIGHT):
-
-1. The mutation score per exercise, printed: every mutant fails, its report containing its `expect`; at least
-   five per exercise, one a shortcut (a refused call or import), none failing as a known bug does (then it
-   would be that bug). The recall lab's mutants fail on its made-up runs, before it waits for trained ones.
-2. Each checker has a case at the paper's sizes (its PAPER words are in a case's description).
-3. A right answer written otherwise than the reference (ALSO_RIGHT) passes.
-
-    python -m pytest -q tests/test_exercise_mutants.py
+The exercise checkers, proven by the wrong answers they reject and the right answers they accept (declared in each
+checker: MUTANTS, PAPER, ALSO_RIGHT): 1. every mutant fails, its report containing its `expect`, at least five per
+exercise, one a shortcut (a refused call or import), none failing as a known bug does (then it would be that bug);
+the score is printed. 2. Each checker has a case at the paper's sizes. 3. A right answer written otherwise passes.
 """
 
 import pytest

@@ -1,10 +1,7 @@
 """
-A student's workflow with the exercises: `python -m exercises start N` copies the stub (exercises/stubs/, its one
-home) into exercises/mine/ (git-ignored), `check N` checks that copy, and says so when an answer was written in place
-instead (in-place work is not offered); a teacher's `new NAME` writes an exercise's three files. And the exercise
-tests stay green whatever the student's files hold, committed or not, with a new exercise added by its three files.
-
-    python -m pytest -q tests/test_exercise_workflow.py
+A student's workflow: `start N` copies the stub into exercises/mine/ (git-ignored), `check N` checks that copy, and
+says so when an answer was written in place instead; a teacher's `new NAME` writes an exercise's three files. The
+exercise tests stay green whatever the student's files hold, committed or not, with a new exercise added by its files.
 """
 
 import os
@@ -32,8 +29,12 @@ def mine(tmp_path, monkeypatch):
 
 
 def test_start_copies_the_stub_and_check_reads_the_copy(mine, capsys):
-    """`start 2` writes exercises/mine/ex02_*.py from the stub; `check 2` then checks that file: "not started" while it
-    is the stub, PASS once it holds a solution; a second `start 2` refuses in one line."""
+    """Before `start`, `check 1` says "not started", with the command that makes the student's copy. `start 2` writes
+    exercises/mine/ex02_*.py (git-ignored) from the stub; `check 2` checks that file: "not started" while it is the
+    stub, PASS once it holds a solution; a second `start 2` refuses in one line; `start all` copies the other stubs."""
+    assert main(["check", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "not started" in out and "python -m exercises start 1" in out
     assert main(["start", "2"]) == 0
     copy = mine / f"{EXERCISES[2]}.py"
     assert copy.read_text() == framework.stub_source(load_spec(2))
@@ -41,22 +42,9 @@ def test_start_copies_the_stub_and_check_reads_the_copy(mine, capsys):
     copy.write_text(framework.solved_source(load_spec(2)))
     assert main(["check", "2"]) == 0 and ": PASS" in capsys.readouterr().out
     assert main(["start", "2"]) == 1 and "exists already" in capsys.readouterr().err
-
-
-def test_check_without_a_copy_says_how_to_start(mine, capsys):
-    """Before `start`, `check 1` says "not started", with the command that makes the student's copy."""
-    assert main(["check", "1"]) == 1
-    out = capsys.readouterr().out
-    assert "not started" in out and "python -m exercises start 1" in out
-
-
-def test_start_all_makes_every_copy_once(mine):
-    """`start all` copies every stub not copied yet, and leaves the others alone."""
-    mine.mkdir()
-    (mine / f"{EXERCISES[1]}.py").write_text("# my work\n")
-    assert main(["start", "all"]) == 0
-    assert (mine / f"{EXERCISES[1]}.py").read_text() == "# my work\n"
+    assert main(["start", "all"]) == 0 and copy.read_text() == framework.solved_source(load_spec(2))
     assert sorted(p.stem for p in mine.glob("*.py")) == sorted(EXERCISES.values())
+    assert subprocess.run(["git", "check-ignore", "-q", "exercises/mine/ex01_window_mask.py"], cwd=REPO).returncode == 0
 
 
 @pytest.mark.parametrize("where", ["beside the stubs", "in the stub"])
@@ -71,11 +59,6 @@ def test_an_answer_written_in_place_is_not_checked_and_check_says_so(mine, tmp_p
     assert main(["check", "4"]) == 1
     note = [line for line in capsys.readouterr().out.splitlines() if line.startswith("NOTE:")]
     assert len(note) == 1 and "is not checked" in note[0] and f"mine/{EXERCISES[4]}.py" in note[0], note
-
-
-def test_exercises_mine_is_ignored_by_git():
-    """exercises/mine/ is git-ignored: a student's answers never show up as changes to commit."""
-    assert subprocess.run(["git", "check-ignore", "-q", "exercises/mine/ex01_window_mask.py"], cwd=REPO).returncode == 0
 
 
 def test_new_writes_an_exercises_three_files(tmp_path, monkeypatch, capsys):

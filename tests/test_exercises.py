@@ -1,13 +1,7 @@
 """
-The exercises (exercises/, `python -m exercises`) stay true to the code, for every exercise the checks folder
-holds: the stored solution, as the file `solution N --show` prints, passes its check; the stub says "not started",
-has the reference's signatures and imports nothing it replaces; every known bug fails and is named. The checker
-itself, on a toy exercise, for what no mutant shows (the mutants: test_exercise_mutants.py): the reference first, on
-its own copy of the inputs; a refused function raises even captured before and caught, and is restored; the checker's
-own errors are never the student's. The command line, the hints, the picture, the syllabus. The student's workflow:
-test_exercise_workflow.py.
-
-    python -m pytest -q tests/test_exercises.py
+The exercises stay true to the code, for every exercise the checks folder holds: the stored solution passes, the stub
+is "not started", every known bug fails and is named. The checker itself, on a toy exercise, for what no mutant shows
+(test_exercise_mutants.py). The command line, the hints, the picture, the syllabus. The workflow: test_exercise_workflow.py.
 """
 
 import ast
@@ -52,9 +46,10 @@ def test_the_recall_lab_passes_on_trained_runs(recall_runs):
 
 
 @pytest.mark.parametrize("n", NUMBERS, ids=IDS)
-def test_the_untouched_stub(n):
+def test_the_untouched_stub_and_the_second_hint(n):
     """The stub reports "not started", naming the function to write and how to start; each function has the
-    reference's exact signature (names, order, defaults) and is the stub's own, never the function it replaces."""
+    reference's exact signature (names, order, defaults) and is the stub's own, never the function it replaces. No line
+    of the reference's code (20 characters or more) appears in hint 2 (shapes or pseudocode)."""
     spec = load_spec(n)
     answer = framework.load_answer(spec, framework.stub_source(spec), STUBS / f"{EXERCISES[n]}.py")
     result = framework.check(spec, answer, **NO_RUNS)
@@ -67,6 +62,9 @@ def test_the_untouched_stub(n):
         assert inspect.signature(answer.functions[name]) == inspect.signature(getattr(spec.REFERENCE, name)), name
         assert answer.functions[name].__module__.startswith("_exercise_answer_"), name
         assert name not in named or getattr(spec.REFERENCE, name).__module__.startswith("exercises."), name
+        for line in textwrap.dedent(inspect.getsource(inspect.unwrap(getattr(spec.REFERENCE, name)))).splitlines():
+            code = re.sub(r"\s+", " ", line.split("#")[0].strip())
+            assert len(code) < 20 or code.startswith(("def ", '"""')) or code not in re.sub(r"\s+", " ", spec.HINTS[1]), code
 
 
 @pytest.mark.parametrize("n,name", BUGS, ids=[f"{EXERCISES[n]}-{name}" for n, name in BUGS])
@@ -89,7 +87,6 @@ def test_exercise_1s_whole_model_cases_alone_catch_a_wrong_predicate(swa_impl):
     assert len(cases) >= 2
 
 
-# -----------------------------------------------------------------------------
 # The checker itself, on a toy exercise: double every entry of x
 
 LOG = []
@@ -106,15 +103,14 @@ def toy(*cases, forbidden=None):
 
 
 def doubling(**more):
-    return Case("double(x)", inputs=lambda: dict(x=torch.arange(6.0).view(2, 3)), call=lambda answer, x: answer.double(x),
-                invariant="2x", **more)
+    return Case("double(x)", lambda: dict(x=torch.arange(6.0).view(2, 3)), "double", "2x", **more)
 
 
 def test_the_reference_runs_first_on_its_own_copy_of_the_inputs_and_inputs_declared_mutable_may_change():
     """Each case runs the reference before the answer, and each gets its own copy of the inputs; a case may name
     inputs the answer is meant to change (a cache it appends to)."""
     shared = torch.arange(6.0)
-    case = Case("double(x)", inputs=lambda: dict(x=shared), call=lambda answer, x: answer.double(x), invariant="2x")
+    case = Case("double(x)", lambda: dict(x=shared), "double", "2x")
     LOG.clear()
     assert framework.check(toy(case), SimpleNamespace(double=lambda x: LOG.append(("answer", x)) or x + x)).status == "PASS"
     assert [who for who, _ in LOG] == ["reference", "answer"] and len({id(x) for _, x in LOG} | {id(shared)}) == 3
@@ -124,10 +120,10 @@ def test_the_reference_runs_first_on_its_own_copy_of_the_inputs_and_inputs_decla
 def test_an_error_in_the_checkers_own_code_is_not_the_students():
     """The checker's code failing after the answer returned, or inside the answer's call (a hook), is an ERROR; an
     exception raised by the answer's code is the answer's: its type, message and line."""
-    after = Case("double(x), then a checker bug", inputs=lambda: dict(x=torch.arange(3.0)), invariant="2x",
-                 call=lambda answer, x: torch.cat([answer.double(x), torch.zeros(2, 2)]))
-    inside = Case("double(x) through a checker's hook", inputs=lambda: dict(x=torch.arange(3.0)), invariant="2x",
-                  call=lambda answer, x: answer.double(x, hook=checker_hook(lambda: 1 / 0)))
+    after = Case("double(x), then a checker bug", dict(x=torch.arange(3.0)), lambda answer, x: torch.cat(
+        [answer.double(x), torch.zeros(2, 2)]), "2x")
+    inside = Case("double(x) through a checker's hook", dict(x=torch.arange(3.0)), lambda answer, x: answer.double(
+        x, hook=checker_hook(lambda: 1 / 0)), "2x")
     for case in (after, inside):
         result = framework.check(toy(case), SimpleNamespace(double=lambda x, hook=None: 2 * x if hook is None else hook()))
         assert result.status == "ERROR" and "not your code" in result.message, result.message
@@ -136,12 +132,16 @@ def test_an_error_in_the_checkers_own_code_is_not_the_students():
     assert "your code raised RuntimeError" in result.message and "(at /nowhere/ex99_toy.py, line 2)" in result.message
 
 
-def test_cases_may_run_on_another_device_or_dtype():
-    """Case.device builds the inputs there (meta: forms only), Case.dtype converts them (and names them)."""
+def test_forms_and_values_on_another_device_or_dtype():
+    """Case.device builds the inputs there (meta: forms only), Case.dtype converts them (and names them). Values are
+    exact for integers and booleans; NaN where the reference has a number is wrong; NaN against NaN is right."""
     meta, wide = doubling(device="meta"), doubling(dtype=torch.float64)
     assert framework.check(toy(meta, wide), SimpleNamespace(double=lambda x: 2 * x)).status == "PASS"
     message = framework.check(toy(wide), SimpleNamespace(double=lambda x: (2 * x).float())).message
     assert "double(x), in float64" in message and "has dtype torch.float32, expected torch.float64" in message
+    assert tensor_difference(torch.tensor([1, 2]), torch.tensor([1, 3]), 0, 0).startswith("1 of 2 entries differ")
+    assert "1 of 1 entries" in tensor_difference(torch.tensor([float("nan")]), torch.tensor([1.0]), 1.0, 0)
+    assert tensor_difference(torch.tensor([float("nan")]), torch.tensor([float("nan")]), 0, 0) is None
 
 
 def test_refused_functions_raise_even_when_captured_before_the_check_and_are_restored():
@@ -165,14 +165,6 @@ def test_refused_functions_raise_even_when_captured_before_the_check_and_are_res
     assert orthros.in_window.__code__ is code and not framework.STATE.active
 
 
-def test_difference_reports_nan_and_exact_values():
-    """Exact for integers and booleans; NaN where the reference has a number is wrong; NaN against NaN is right."""
-    assert tensor_difference(torch.tensor([1, 2]), torch.tensor([1, 3]), 0, 0).startswith("1 of 2 entries differ")
-    assert "1 of 1 entries" in tensor_difference(torch.tensor([float("nan")]), torch.tensor([1.0]), 1.0, 0)
-    assert tensor_difference(torch.tensor([float("nan")]), torch.tensor([float("nan")]), 0, 0) is None
-
-
-# -----------------------------------------------------------------------------
 # The command line, the hints, the picture, the syllabus
 
 def cli(capsys, *args):
@@ -217,18 +209,6 @@ def test_command_line_solution_hint_and_list(capsys):
     assert code == 0 and "hint 2 of 3" in out and "python -m exercises hint 1 3" in out
     code, out, _ = cli(capsys, "list")
     assert code == 0 and all(f"{n:>2}  {load_spec(n).TITLE}" in out for n in NUMBERS), out
-
-
-@pytest.mark.parametrize("n", NUMBERS, ids=IDS)
-def test_second_hint_gives_shapes_or_pseudocode_not_the_code(n):
-    """No line of the reference's code (20 characters or more) appears in hint 2."""
-    spec = load_spec(n)
-    hint = re.sub(r"\s+", " ", spec.HINTS[1])
-    for name in spec.FUNCTIONS:
-        source = textwrap.dedent(inspect.getsource(inspect.unwrap(getattr(spec.REFERENCE, name))))
-        for line in source.splitlines():
-            code = re.sub(r"\s+", " ", line.split("#")[0].strip())
-            assert len(code) < 20 or code.startswith(("def ", '"""')) or code not in hint, (name, code)
 
 
 def test_show_mask_draws_figure_1_from_orthros_and_the_syllabus_rows_are_true():

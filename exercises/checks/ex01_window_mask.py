@@ -36,15 +36,13 @@ BUGS = [
         {WINDOWED: "causal & (q_pos - k_pos <= window)"}),
     Bug("a two-sided window", "|q_pos - k_pos| < w lets a query see the next w-1 keys: the future leaks in.",
         {WINDOWED: "(q_pos - k_pos).abs() < window"}),
-    Bug("top-left alignment", "the queries were placed at positions 0 ... n_q-1 (like torch.tril or SDPA's is_causal) "
-        "instead of the last n_q positions: an output token or a decoded token loses its recent keys.",
-        {QUERIES: "torch.arange(n_q, device=device)"}),
-    Bug("the distance aliased and written in place", "`distance = q_pos` names the caller's tensor, so `distance -= "
-        "k_pos` writes into q_pos (and fails when the positions broadcast to a larger shape): write distance = q_pos - k_pos.",
+    Bug("top-left alignment", "the queries sit at the LAST n_q positions (torch.tril and SDPA's is_causal put them first): "
+        "an output token or a decoded token would lose its recent keys.", {QUERIES: "torch.arange(n_q, device=device)"}),
+    Bug("the distance aliased and written in place", "`distance = q_pos` names the caller's tensor: `distance -= k_pos` "
+        "writes into q_pos. Write distance = q_pos - k_pos.",
         {"    causal = k_pos <= q_pos": "    distance = q_pos\n    distance -= k_pos\n    causal = k_pos <= q_pos",
          WINDOWED: "causal & (distance < window)"}),
 ]
-
 MUTANTS = [
     Mutant("the reference imported", "holds orthros.in_window", source="from orthros import in_window, attention_mask\n"),
     Mutant("the reference kept in a dict at import time", "your code called orthros.in_window",
@@ -53,8 +51,7 @@ MUTANTS = [
     Mutant("the device argument ignored", "your mask is on meta, expected cpu",
            {QUERIES: "torch.arange(n_k - n_q, n_k)", KEYS: "torch.arange(n_k)"}),
     Mutant("the distance in int8", PAPER, {WINDOWED: "causal & ((q_pos - k_pos).to(torch.int8) < window)"}),
-    Mutant("the distance clamped at 100", "or clamped",
-           {WINDOWED: "causal & ((q_pos - k_pos).clamp(max=100) < window)"}),
+    Mutant("the distance clamped at 100", "or clamped", {WINDOWED: "causal & ((q_pos - k_pos).clamp(max=100) < window)"}),
     Mutant("the mask always built on the CPU", "your mask is on cpu, expected meta",
            {QUERIES: "torch.arange(n_k - n_q, n_k, device='cpu')", KEYS: "torch.arange(n_k, device='cpu')"}),
     Mutant("device=None taken as the CPU", "the default device", {"    q_pos = torch": "    device = device or 'cpu'\n    q_pos = torch"}),
@@ -66,14 +63,25 @@ MUTANTS = [
            {"import torch\n": "import functools\n\nimport torch\n",
             "def attention_mask(": "@functools.lru_cache(maxsize=None)\ndef attention_mask("}),
 ]
-
 ALSO_RIGHT = (SOLUTIONS / "ex01_window_mask_also.py").read_text()   # a right answer written otherwise
-
 WINDOW = "query t sees exactly keys t-w+1 ... t (eq. 4), every key <= t without a window (eq. 5)"
 FAR = ("t - j and w must be compared whole, however large: in int8 (-128 ... 127: even w = 128 wraps to -128), int16 "
        "(up to 32767) or float16 (exact only up to 2048), or clamped, a distance or the window stops being itself")
 ALIGNED = f"query i sits at position n_k - n_q + i (bottom-right aligned: the last query is the newest position), and {WINDOW}"
 ARANGE = "q_pos = torch.arange({T})[:, None], k_pos = torch.arange({T})[None, :]"
+# Every form of positions orthros.py and perf/engine.py pass (the docstring: tensors that broadcast): (what, q, k, w)
+FORMS = [*((f"0-d positions q_pos = torch.tensor({q}), k_pos = torch.tensor({k}), as FlexAttention's mask_mod asks one "
+            "(q, k) pair at a time", torch.tensor(q), torch.tensor(k), 3) for q, k in [(5, 5), (5, 4), (5, 3), (5, 2), (2, 5), (0, 0)]),
+         ("1-D positions of the same shape (6,), compared pair by pair: q_pos = torch.tensor([0, 1, 2, 5, 5, 9]), k_pos = "
+          "torch.tensor([0, 0, 2, 2, 1, 9])", torch.tensor([0, 1, 2, 5, 5, 9]), torch.tensor([0, 0, 2, 2, 1, 9]), 3),
+         ("q_pos = torch.tensor([6]) and k_pos = torch.arange(9), shapes (1,) and (9,), as perf/engine.py's decode step asks "
+          "for one new token", torch.tensor([6]), torch.arange(9), 4),
+         ("3-D positions of shapes (2, 3, 1) and (2, 1, 6), as the blocked path asks for blocks of w = 3 queries against 2w "
+          "keys: q_pos = 3 * b + 3 + i, k_pos = 3 * b + j", torch.arange(3, 9).view(2, 3, 1),
+          (3 * torch.arange(2)[:, None] + torch.arange(6)).view(2, 1, 6), 3),
+         ("int32 positions: q_pos = torch.arange(7, dtype=torch.int32)[:, None], k_pos = torch.arange(7, dtype=torch.int32)"
+          "[None, :]", torch.arange(7, dtype=torch.int32)[:, None], torch.arange(7, dtype=torch.int32)[None, :], 3)]
+META = "called while the default device is 'meta' (inside `with torch.device('meta'):`)"
 
 
 def window_case(what, q_pos, k_pos, window, invariant=WINDOW):
@@ -86,61 +94,49 @@ def mask_case(n_q, n_k, window, what="", invariant=ALIGNED):
                 "attention_mask", invariant, output="your mask")
 
 
+def logits_case(attn, swa_impl, T, w, t_out):
+    return Case(f"whole-model logits, attn={attn!r}, swa_impl={swa_impl!r}, T={T}, w={w}, t_out={t_out}, with your "
+                "in_window and attention_mask patched into orthros.py", dict(model=tiny_model(attn, window=w,
+                swa_impl=swa_impl), idx=tokens(2, T), t_out=t_out), patched_logits, "every window path of orthros.py "
+                "(dense mask, blocked band mask) asks the one predicate: the right one gives the model's own logits",
+                output="the model's logits")
+
+
 def cases(**options):
-    found = [window_case(ARANGE.format(T=T), torch.arange(T)[:, None], torch.arange(T)[None, :], window)
-             for T in range(1, 7) for window in dict.fromkeys([None, 1, 2, 3, T + 1])]
-    found += [mask_case(n_q, n_k, window) for n_k in range(1, 7) for n_q in range(1, n_k + 1) for window in (None, 1, 2, 3)]
-    # Every form of positions orthros.py and perf/engine.py pass (the docstring: tensors that broadcast)
-    found += [window_case(what, q, k, w) for what, q, k, w in [
-        *((f"0-d positions q_pos = torch.tensor({q}), k_pos = torch.tensor({k}), as FlexAttention's mask_mod asks one "
-           "(q, k) pair at a time", torch.tensor(q), torch.tensor(k), 3) for q, k in [(5, 5), (5, 4), (5, 3), (5, 2), (2, 5), (0, 0)]),
-        ("1-D positions of the same shape (6,), compared pair by pair: q_pos = torch.tensor([0, 1, 2, 5, 5, 9]), k_pos = "
-         "torch.tensor([0, 0, 2, 2, 1, 9])", torch.tensor([0, 1, 2, 5, 5, 9]), torch.tensor([0, 0, 2, 2, 1, 9]), 3),
-        ("q_pos = torch.tensor([6]) and k_pos = torch.arange(9), shapes (1,) and (9,), as perf/engine.py's decode step asks "
-         "for one new token", torch.tensor([6]), torch.arange(9), 4),
-        ("3-D positions of shapes (2, 3, 1) and (2, 1, 6), as the blocked path asks for blocks of w = 3 queries against 2w "
-         "keys: q_pos = 3 * b + 3 + i, k_pos = 3 * b + j", torch.arange(3, 9).view(2, 3, 1),
-         (3 * torch.arange(2)[:, None] + torch.arange(6)).view(2, 1, 6), 3),
-        ("int32 positions: q_pos = torch.arange(7, dtype=torch.int32)[:, None], k_pos = torch.arange(7, dtype=torch.int32)"
-         "[None, :]", torch.arange(7, dtype=torch.int32)[:, None], torch.arange(7, dtype=torch.int32)[None, :], 3)]]
-    found += [logits_case(attn, swa_impl, 21, 4, t_out) for attn, swa_impl, t_out in [
+    yield from [window_case(ARANGE.format(T=T), torch.arange(T)[:, None], torch.arange(T)[None, :], window)
+                for T in range(1, 7) for window in dict.fromkeys([None, 1, 2, 3, T + 1])]
+    yield from [mask_case(n_q, n_k, window) for n_k in range(1, 7) for n_q in range(1, n_k + 1) for window in (None, 1, 2, 3)]
+    yield from [window_case(*form) for form in FORMS]
+    yield from [logits_case(attn, swa_impl, 21, 4, t_out) for attn, swa_impl, t_out in [
         ("orthros", "dense", 5), ("orthros", "blocked", 5), ("swa", "dense", 21), ("swa", "blocked", 21), ("orthros", "blocked", 21)]]
-    found.append(Case(
-        "attention_mask(n_q=3, n_k=5, window=2), called again after the caller changed the first mask in place "
-        "(mask.fill_(False)): yours must make a new mask each call", dict(n_q=3, n_k=5, window=2), output="your second mask",
-        call=lambda answer, **asked: (answer.attention_mask(**asked).fill_(False), answer.attention_mask(**asked))[1],
-        invariant="a call's result is the caller's own tensor: what the caller does with it changes no later call"))
+    yield Case("attention_mask(n_q=3, n_k=5, window=2), called again after the caller changed the first mask in place "
+               "(mask.fill_(False)): yours must make a new mask each call", dict(n_q=3, n_k=5, window=2),
+               lambda answer, **asked: (answer.attention_mask(**asked).fill_(False), answer.attention_mask(**asked))[1],
+               "a call's result is the caller's own tensor: what the caller does with it changes no later call",
+               output="your second mask")
     # The paper's sizes: w = 128 over T = 300 (a block of 128 and a partial one); distances past 127, 2^15 and 2^16
     paper = f"{WINDOW}: distances 0 ... 127 are in, 128 ... 299 out; {FAR}"
-    found += [window_case(f"{ARANGE.format(T=300)}: {PAPER}", torch.arange(300)[:, None], torch.arange(300)[None, :], 128, paper),
-              mask_case(300, 300, 128, f": {PAPER}", paper),
-              mask_case(10, 300, None, ": 10 output tokens attending every earlier key"),
-              logits_case("orthros", "blocked", 300, 128, 37),
-              mask_case(1, 4096, 128, ": a decoded token at position 4095, the paper's window",
-                        f"the last query sees the last w keys: {WINDOW}"),
-              mask_case(2, 70000, 40000, ": distances past 2^15 and 2^16, a window past 2^15", f"{WINDOW}; {FAR}")]
+    yield window_case(f"{ARANGE.format(T=300)}: {PAPER}", torch.arange(300)[:, None], torch.arange(300)[None, :], 128, paper)
+    yield mask_case(300, 300, 128, f": {PAPER}", paper)
+    yield mask_case(10, 300, None, ": 10 output tokens attending every earlier key")
+    yield logits_case("orthros", "blocked", 300, 128, 37)
+    yield mask_case(1, 4096, 128, ": a decoded token at position 4095, the paper's window", f"the last query sees the last w "
+                    f"keys: {WINDOW}")
+    yield mask_case(2, 70000, 40000, ": distances past 2^15 and 2^16, a window past 2^15", f"{WINDOW}; {FAR}")
     # The device (last: the first arithmetic on 'meta' makes torch import its compiler, ~1.7 s once per process)
-    meta = "called while the default device is 'meta' (inside `with torch.device('meta'):`)"
-    return found + [Case(f"attention_mask(n_q={n_q}, n_k={n_k}, window={w}, {where}", dict(n_q=n_q, n_k=n_k, window=w,
-                         device=device), meta_default, invariant, output="your mask") for n_q, n_k, w, device, where, invariant in [
-        (3, 5, 2, "cpu", f"device='cpu'), {meta}", "the mask is built on the device it is asked for, whatever the default"),
-        (300, 300, 128, "meta", "device='meta'): the paper's sizes on the device 'meta' (shapes, no values)",
-         "the mask is built on the device it is asked for (here 'meta'), not on the CPU"),
-        (3, 5, 2, None, f"no device, {meta}", "device=None builds the mask on the default device (here 'meta'), as "
-                                              "torch.arange does")]]
+    for n_q, n_k, w, device, where, invariant in [
+            (3, 5, 2, "cpu", f"device='cpu'), {META}", "the mask is built on the device it is asked for, whatever the default"),
+            (300, 300, 128, "meta", "device='meta'): the paper's sizes on the device 'meta' (shapes, no values)",
+             "the mask is built on the device it is asked for (here 'meta'), not on the CPU"),
+            (3, 5, 2, None, f"no device, {META}", "device=None builds the mask on the default device (here 'meta'), as "
+                                                  "torch.arange does")]:
+        yield Case(f"attention_mask(n_q={n_q}, n_k={n_k}, window={w}, {where}", dict(n_q=n_q, n_k=n_k, window=w,
+                   device=device), meta_default, invariant, output="your mask")
 
 
-def logits_case(attn, swa_impl, T, w, t_out):
-    model = tiny_model(attn, window=w, swa_impl=swa_impl)
-    return Case(f"whole-model logits, attn={attn!r}, swa_impl={swa_impl!r}, T={T}, w={w}, t_out={t_out}, with your "
-                "in_window and attention_mask patched into orthros.py", dict(model=model, idx=tokens(2, T), t_out=t_out),
-                patched_logits, output="the model's logits", invariant="every window path of orthros.py (dense mask, blocked band mask) asks the one predicate, so the "
-                          "logits follow it: the right predicate gives the model's own logits")
-
-
-def meta_default(answer, n_q, n_k, window, device):
+def meta_default(answer, **asked):
     with torch.device("meta"):   # a mask built without `device` lands on meta: shapes, no values
-        return answer.attention_mask(n_q, n_k, window, device)
+        return answer.attention_mask(**asked)
 
 
 def patched_logits(answer, model, idx, t_out):

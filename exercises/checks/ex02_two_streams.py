@@ -1,7 +1,5 @@
 """Exercise 2, two streams to logits (Alg. 2): the checker."""
 
-from types import SimpleNamespace
-
 import torch
 
 from exercises.framework import SOLUTIONS, Bug, Case, Mutant, handed_to_blocks, tiny_model, tokens
@@ -10,7 +8,7 @@ from orthros import Orthros
 
 TITLE, DIFFICULTY, MINUTES = "Two streams to logits (Alg. 2)", 2, 30
 FUNCTIONS = ("two_stream_logits",)
-REFERENCE = SimpleNamespace(two_stream_logits=solution.two_stream_logits)
+REFERENCE = solution   # the stored solution: its functions
 FORBIDDEN = dict.fromkeys((Orthros.forward, Orthros.prefill, Orthros.decode, Orthros.generate, Orthros.generate_tokens),
                           "it runs the whole forward pass this exercise asks you to write from the model's modules")
 PAPER = "w=128 (the paper's window)"
@@ -42,7 +40,6 @@ BUGS = [
     Bug("the LM head on the base stream", "the logits were read from the base tokens at the output positions; Alg. 2, "
         "line 9 keeps the output tokens, the last t_out rows of z.", {"z[:, T:]": "z[:, T - t_out:T]"}),
 ]
-
 MUTANTS = [
     Mutant("the model called", "your code called orthros.Orthros.forward",
            source="def two_stream_logits(model, idx, t_out):\n    return model(idx, t_out=t_out)[0]\n"),
@@ -69,9 +66,7 @@ MUTANTS = [
     Mutant("the output twins not handed to the blocks as output tokens", "your code hands block 0 T=",
            {"z = block(z, T, rope)": "z = block(z, z.size(1), rope)"}),
 ]
-
 ALSO_RIGHT = (SOLUTIONS / "ex02_two_streams_also.py").read_text()   # a right answer written otherwise
-
 INVARIANT = ("the logits equal model(idx, t_out=t_out): the output tokens are copies of the last t_out embeddings at "
              "their twins' positions, and the LM head reads only them")
 ABOUT = "Orthros, 2 layers, 2 heads, C=16, w=4, random scale-offsets"

@@ -1,7 +1,6 @@
 """Exercise 3, the t_out regimes: the checker."""
 
 import random
-from types import SimpleNamespace
 
 import torch
 
@@ -12,7 +11,7 @@ from exercises.solutions import ex03_t_out_regimes as solution
 
 TITLE, DIFFICULTY, MINUTES = "The t_out regimes", 2, 30
 FUNCTIONS = ("smallest_t_out", "tokens_through_layers")
-REFERENCE = SimpleNamespace(smallest_t_out=solution.smallest_t_out, tokens_through_layers=solution.tokens_through_layers)
+REFERENCE = solution   # the stored solution: its functions
 PAPER = "sequences of up to 2048 tokens"
 
 HINTS = [
@@ -39,7 +38,6 @@ BUGS = [
     Bug("2T tokens for Orthros in every regime", "only pre-training (t_out = T) doubles the tokens; SFT, prefill and "
         "decode add just t_out output tokens to the T base tokens.", {"T + t_out if attn": "2 * T if attn"}),
 ]
-
 MUTANTS = [
     Mutant("the stored solution imported", "is not available to your code",
            source="from exercises.solutions.ex03_t_out_regimes import *\n"),
@@ -59,8 +57,13 @@ MUTANTS = [
     Mutant("an output stream for the sliding-window baseline too", "tokens_through_layers('swa'",
            {'if attn == "orthros"': 'if attn != "transformer"'}),
 ]
-
 ALSO_RIGHT = (SOLUTIONS / "ex03_t_out_regimes_also.py").read_text()   # a right answer written otherwise
+
+
+REGIMES = [("pre-training", 12, 12), ("SFT", 12, 5), ("prefill", 12, 1), ("decode", 1, 1), ("pre-training", 2048, 2048),
+           ("SFT", 2048, 300)]
+ROWS = ("the rows of z that the layers process, counted by a hook on the model's first block: Orthros adds one output token "
+        "per output position, the baselines have one stream")
 
 
 def example(turn_lengths, rng):
@@ -68,11 +71,10 @@ def example(turn_lengths, rng):
     length 0 is no response at all: nothing of the example is trained."""
     ids, mask = [], []
     for i, n in enumerate(turn_lengths):
-        is_response = i % 2 == 1
-        if is_response and n == 0:
-            continue
-        ids += [rng.randrange(1, 30) for _ in range(n)] + ([0] if is_response else [])  # 0 = END here
-        mask += [is_response] * (n + is_response)
+        response = i % 2 == 1
+        if n or not response:
+            ids += [rng.randrange(1, 30) for _ in range(n)] + [0] * response   # 0 = END here
+            mask += [response] * (n + response)
     return {"tokens": ids, "mask": mask}
 
 
@@ -83,47 +85,39 @@ def batches():
         ("two examples: prompt 5 + response 1, prompt 1 + response 4 (right-padded)", [[5, 1], [1, 4]]),
         ("one example of two turns: prompt 3, response 2, prompt 2, response 1", [[3, 2, 2, 1]]),
         ("two examples with no response at all (nothing trained)", [[3, 0], [5, 0]])]]
-    found.append(("a response that starts with token id 0 (a real token: 0 is also END here), prompt 3, response 2",
-                  [{"tokens": [5, 7, 9, 0, 4, 0], "mask": [False] * 3 + [True] * 3}]))
-    found.append(("a pre-training batch of 2: every position trained, the first target token id 0",
-                  [{"tokens": [3, 0] + list(range(1, 8)), "mask": [True] * 9} for _ in range(2)]))
-    found.append(("a batch of 6 examples of 3 or 4 tokens (more rows than columns): a response of 1 in one row only",
-                  [example([3, 0], other) for _ in range(5)] + [example([2, 1], other)]))
+    found += [("a response that starts with token id 0 (a real token: 0 is also END here), prompt 3, response 2",
+               [{"tokens": [5, 7, 9, 0, 4, 0], "mask": [False] * 3 + [True] * 3}]),
+              ("a pre-training batch of 2: every position trained, the first target token id 0",
+               [{"tokens": [3, 0] + list(range(1, 8)), "mask": [True] * 9} for _ in range(2)]),
+              ("a batch of 6 examples of 3 or 4 tokens (more rows than columns): a response of 1 in one row only",
+               [example([3, 0], other) for _ in range(5)] + [example([2, 1], other)])]
     found += [(f"a random batch of 4 (seed {seed})", [example([rng.randint(1, 9), rng.randint(0, 6)] * rng.randint(1, 2), rng)
                                                      for _ in range(4)]) for seed in range(4)]
-    found.append((f"a random batch of 8 {PAPER} (prompts of 300 to 1800 tokens)",
-                  [example([long.randint(300, 1800), long.randint(1, 240)], long) for _ in range(7)] + [example([1800, 247], long)]))
-    return found
+    return found + [(f"a random batch of 8 {PAPER} (prompts of 300 to 1800 tokens)", [example(
+        [long.randint(300, 1800), long.randint(1, 240)], long) for _ in range(7)] + [example([1800, 247], long)])]
 
 
 def cases(**options):
     found = []
     for what, batch in batches():
         x, y, t_out = collate(batch)
-        found.append(Case(
-            f"smallest_t_out(targets) for {what}: x, targets, _ = data.sft.collate(batch); targets of shape (B, T) = "
-            f"{tuple(y.shape)}" + (f" = {y.tolist()}" if y.numel() <= 64 else ""), output="your t_out",
-            inputs=lambda y=y: dict(targets=y), call=lambda answer, targets: answer.smallest_t_out(targets),
-            invariant="t_out is the smallest suffix of columns that holds every target (data.sft.collate's t_out); targets "
-                      "are -1 where nothing is trained (data.sft.IGNORE), any other value, 0 included, is a target; 1 "
-                      "when nothing is trained", expected=lambda targets, t_out=t_out: t_out))
-    model = tiny_model("orthros")
+        found.append(Case(f"smallest_t_out(targets) for {what}: x, targets, _ = data.sft.collate(batch); targets of shape "
+                          f"(B, T) = {tuple(y.shape)}" + (f" = {y.tolist()}" if y.numel() <= 64 else ""), dict(targets=y),
+                          "smallest_t_out", output="your t_out", expected=lambda targets, t_out=t_out: t_out,
+                          invariant="t_out is the smallest suffix of columns that holds every target (data.sft.collate's "
+                                    "t_out); targets are -1 where nothing is trained (data.sft.IGNORE), any other value, 0 "
+                                    "included, is a target; 1 when nothing is trained"))
     x, y, _ = collate(batches()[2][1])
-    found.append(Case("model(x, targets, t_out=smallest_t_out(targets))[1] on the two-example batch", output="the loss",
-                      inputs=lambda: dict(model=model, x=x, targets=y), call=sft_loss,
+    found.append(Case("model(x, targets, t_out=smallest_t_out(targets))[1] on the two-example batch",
+                      dict(model=tiny_model("orthros"), x=x, targets=y), sft_loss, output="the loss",
                       invariant="the SFT loss with the smallest t_out equals the loss with t_out = T (the output positions "
                                 "before the first target change nothing)",
                       expected=lambda model, x, targets: model(x, targets, t_out=x.size(1))[1].detach()))
     for attn in ("orthros", "swa", "transformer"):
-        for regime, T, t_out in (("pre-training", 12, 12), ("SFT", 12, 5), ("prefill", 12, 1), ("decode", 1, 1),
-                                 ("pre-training", 2048, 2048), ("SFT", 2048, 300)):
-            found.append(Case(
-                f"tokens_through_layers({attn!r}, T={T}, t_out={t_out}): {regime}", output="your count",
-                inputs=lambda attn=attn, T=T, t_out=t_out: dict(attn=attn, T=T, t_out=t_out),
-                call=lambda answer, attn, T, t_out: answer.tokens_through_layers(attn, T, t_out),
-                invariant="the rows of z that the layers process, counted by a hook on the model's first block: Orthros "
-                          "adds one output token per output position, the baselines have one stream",
-                expected=lambda attn, T, t_out, regime=regime: rows_per_layer(attn, regime, T, t_out)))
+        found += [Case(f"tokens_through_layers({attn!r}, T={T}, t_out={t_out}): {regime}", dict(attn=attn, T=T, t_out=t_out),
+                       "tokens_through_layers", ROWS, output="your count",
+                       expected=lambda attn, T, t_out, regime=regime: rows_per_layer(attn, regime, T, t_out))
+                  for regime, T, t_out in REGIMES]
     return found
 
 

@@ -1,7 +1,5 @@
 """Exercise 4, Algorithm 1 with the scale-offsets: the checker."""
 
-from types import SimpleNamespace
-
 import torch
 
 from exercises.framework import SOLUTIONS, Bug, Case, Mutant, randn, tiny_model
@@ -10,7 +8,7 @@ from orthros import Block, Orthros, OrthrosAttention, rope_cos_sin
 
 TITLE, DIFFICULTY, MINUTES = "Algorithm 1 with the scale-offsets", 3, 45
 FUNCTIONS = ("orthros_attention",)
-REFERENCE = SimpleNamespace(orthros_attention=solution.orthros_attention)
+REFERENCE = solution   # the stored solution: its functions
 FORBIDDEN = dict.fromkeys((OrthrosAttention.forward, Block.forward, Orthros.forward),
                           "it runs the layer (Algorithm 1) that this exercise asks you to write from its parameters")
 PAPER = "w=128 (the paper's window)"
@@ -88,9 +86,7 @@ MUTANTS = [
            {"y = torch.cat([y, y_out], dim=2).transpose(1, 2).reshape(B, L, C)":
             "y = z.copy_(torch.cat([y, y_out], dim=2).transpose(1, 2).reshape(B, L, C))   # z is spent"}),
 ]
-
 ALSO_RIGHT = (SOLUTIONS / "ex04_algorithm1_also.py").read_text()   # a right answer written otherwise
-
 INVARIANT = ("the output equals attn(z, T, (cos, sin)): K, V from the base tokens only; one W_Q, then alpha * q + beta for "
              "base tokens and alpha' * q + beta' for output tokens; base tokens attend the window (eq. 4), output tokens "
              "every key up to their position (eq. 5)")

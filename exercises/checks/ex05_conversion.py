@@ -6,12 +6,20 @@ from types import SimpleNamespace
 import torch
 
 from exercises.framework import SOLUTIONS, Bug, Case, Mutant, Wrong, describe, tiny_model, tokens, using
-from exercises.solutions import ex05_conversion as solution
 from orthros import Orthros
 
 TITLE, DIFFICULTY, MINUTES = "Converting a Transformer", 3, 30
 FUNCTIONS = ("convert",)
-REFERENCE = SimpleNamespace(convert=solution.convert)
+
+
+def orthros_conversion(transformer, window):
+    """The reference: orthros.py's own conversion, live (the stored solution is checked against it)."""
+    model = Orthros(dataclasses.replace(transformer.config, attn="orthros", window=window)).to(transformer.wte.weight.dtype)
+    model.load_transformer_weights(transformer.state_dict())
+    return model.train(transformer.training)
+
+
+REFERENCE = SimpleNamespace(convert=orthros_conversion)
 FORBIDDEN = {Orthros.load_transformer_weights: "orthros.py's own conversion, which this exercise asks you to write"}
 PAPER = "window=128)(idx, t_out=300)"
 
@@ -44,7 +52,6 @@ BUGS = [
                  "        module, _, attr = name.rpartition('.')\n        setattr(model.get_submodule(module), attr, p)\n"
                  "    model.lm_head.weight = model.wte.weight"}),
 ]
-
 MUTANTS = [
     Mutant("orthros.py's conversion called", "your code called orthros.Orthros.load_transformer_weights",
            {LOADED: "model.load_transformer_weights(transformer.state_dict())"}),
@@ -78,9 +85,7 @@ MUTANTS = [
     Mutant("convert cached with functools.lru_cache: one model for every call", "the first model changed in place",
            {"def convert(": "@__import__('functools').lru_cache(maxsize=None)\ndef convert("}),
 ]
-
 ALSO_RIGHT = (SOLUTIONS / "ex05_conversion_also.py").read_text()   # a right answer written otherwise
-
 OTHER = ("another Transformer: n_layer=3, n_head=4, C=48, rope_base=500.0, dropout=0.1, swa_impl='dense', max_seq_len=300, "
          "in train mode")
 
@@ -96,10 +101,9 @@ def cases(**options):
                                                                            (conv, "one with conv_kernel=3")) for t_out in (24, 5)]
     found.append(logits_case(transformer, "the Transformer", 4, idx, 24))
     found.append(Case("convert(transformer, window=4) twice, the first model changed in place between the calls (as "
-                      "training it would: its wte.weight += 1); the second model's state dict", call=converted_twice,
-                      inputs=lambda: dict(transformer=transformer, window=4), output="your second model's state dict",
-                      invariant="each call returns a new model: training the first converted model changes no later one",
-                      expected=lambda transformer, window: transformer.state_dict()))
+                      "training it would: its wte.weight += 1); the second model's state dict", dict(transformer=transformer,
+                      window=4), converted_twice, "each call returns a new model: training the first converted model "
+                      "changes no later one", output="your second model's state dict"))
     # One dimension at a time, each named in the case: what an answer could have written in
     found += [structure(transformer, 4, dtype=dtype)[1] for dtype in (torch.float32, torch.bfloat16)]
     found.append(logits_case(transformer, "the Transformer", 32, idx, 5, dtype=torch.float32))
@@ -110,36 +114,30 @@ def cases(**options):
 def structure(transformer, window, about="the Transformer", dtype=None):
     """The converted model's config, weights, scale-offsets and storage, each a case."""
     def case(what, view, invariant, **more):
-        return Case(f"{what}: model = convert(transformer, window={window}), transformer: {about}", dtype=dtype,
-                    inputs=lambda: dict(transformer=transformer, window=window), invariant=invariant, **more,
-                    call=lambda answer, transformer, window: view(converted(answer, transformer, window), transformer))
-    return [
-        case("dataclasses.asdict(model.config)", lambda model, t: dataclasses.asdict(model.config), output="your model's config",
-             invariant="the Transformer's config with attn='orthros' and the new window; nothing else changes",
-             expected=lambda transformer, window: dataclasses.asdict(dataclasses.replace(transformer.config, attn="orthros",
-                                                                                         window=window))),
-        case("the converted model's state dict, at the Transformer's names", transformer_names,
-             "every Transformer weight is copied exactly, under its own name, in its dtype (a pure weight copy)",
-             expected=lambda transformer, window: transformer.state_dict(), output="your model's state dict"),
-        case("the converted model's scale-offsets (the names the Transformer lacks)", new_parameters,
-             "the scale-offsets start at the identity, alpha = alpha' = 1, beta = beta' = 0 (as orthros.py's "
-             "load_transformer_weights leaves them)", output="your model's scale-offsets",
-             expected=lambda transformer, window: new_parameters(reference_conversion(transformer, window), transformer)),
-        case("which of the converted model's tensors share memory with the Transformer's", sharing,
-             "the converted model owns copies: training it must leave the Transformer unchanged",
-             holds=lambda shared: f"{len(shared)} tensors are the Transformer's own, e.g. {shared[0]}" if shared else None)]
+        return Case(f"{what}: model = convert(transformer, window={window}), transformer: {about}",
+                    dict(transformer=transformer, window=window), lambda answer, transformer, window: view(
+                        converted(answer, transformer, window), transformer), invariant, dtype=dtype, **more)
+    return [case("dataclasses.asdict(model.config)", lambda model, t: dataclasses.asdict(model.config), output="your "
+                 "model's config", invariant="the Transformer's config with attn='orthros' and the new window, nothing else"),
+            case("the converted model's state dict, at the Transformer's names", transformer_names, output="your model's "
+                 "state dict", invariant="every Transformer weight copied exactly, under its own name, in its dtype"),
+            case("the converted model's scale-offsets (the names the Transformer lacks)", lambda model, t: {
+                k: w for k, w in model.state_dict().items() if k not in t.state_dict()}, output="your model's scale-offsets",
+                invariant="the scale-offsets start at the identity, alpha = alpha' = 1, beta = beta' = 0"),
+            case("which of the converted model's tensors share memory with the Transformer's", sharing,
+                 "the converted model owns copies: training it must leave the Transformer unchanged",
+                 holds=lambda shared: f"{len(shared)} tensors are the Transformer's own, e.g. {shared[0]}" if shared else None)]
 
 
 def logits_case(model, what, window, idx, t_out, dtype=None):
     B, T = idx.shape
     same = window >= T   # then the converted model is the Transformer
     return Case(f"convert(transformer, window={window})(idx, t_out={t_out})[0], idx of shape ({B}, {T}), transformer: {what}",
-                inputs=lambda: dict(transformer=model, window=window, idx=idx, t_out=t_out), dtype=dtype,
-                call=converted_logits, output="your model's logits",
+                dict(transformer=model, window=window, idx=idx, t_out=t_out), converted_logits, dtype=dtype,
                 invariant="with w >= T and identity scale-offsets, Orthros gives the Transformer's logits" if same else
                           "with w < T the converted model computes what orthros.py's own conversion computes",
-                expected=lambda transformer, window, idx, t_out: logits(
-                    transformer.eval() if same else reference_conversion(transformer, window), idx, t_out))
+                expected=(lambda transformer, idx, t_out, **_: transformer.eval()(idx, t_out=t_out)[0].detach()) if same
+                else None, output="your model's logits")
 
 
 def converted(answer, transformer, window):
@@ -158,28 +156,13 @@ def converted_twice(answer, transformer, window):
 
 def converted_logits(answer, transformer, window, idx, t_out):
     model = converted(answer, transformer, window)
-    with using(f"your model(idx, t_out={t_out})"):
-        return logits(model, idx, t_out)
-
-
-def logits(model, idx, t_out):
-    with torch.no_grad():
+    with using(f"your model(idx, t_out={t_out})"), torch.no_grad():
         return model(idx, t_out=t_out)[0]
-
-
-def reference_conversion(transformer, window):
-    model = Orthros(dataclasses.replace(transformer.config, attn="orthros", window=window)).to(transformer.wte.weight.dtype)
-    model.load_transformer_weights(transformer.state_dict())
-    return model.eval()
 
 
 def transformer_names(model, transformer):
     own = model.state_dict()
     return {k: own.get(k, "missing") for k in transformer.state_dict()}
-
-
-def new_parameters(model, transformer):
-    return {k: w for k, w in model.state_dict().items() if k not in transformer.state_dict()}
 
 
 def sharing(model, transformer):

@@ -1,7 +1,6 @@
 """Exercise 6, how far each stream can see: the checker."""
 
 import functools
-from types import SimpleNamespace
 
 import torch
 
@@ -10,7 +9,7 @@ from exercises.solutions import ex06_reach as solution
 
 TITLE, DIFFICULTY, MINUTES = "How far each stream can see", 3, 30
 FUNCTIONS = ("positions_that_change", "swa_reach")
-REFERENCE = SimpleNamespace(positions_that_change=solution.positions_that_change, swa_reach=solution.swa_reach)
+REFERENCE = solution   # the stored solution: its functions
 PAPER = "swa_reach(n_layer=12, window=128)"
 
 HINTS = [
@@ -41,7 +40,6 @@ BUGS = [
     Bug("the logits at the last position, not at t", "model(idx)[0][:, t] is the prediction at t; the last position also "
         "sees the tokens after t.", {"before = model(idx)[0][:, t]": "before = model(idx)[0][:, -1]", AFTER: "model(other)[0][:, -1]"}),
 ]
-
 MUTANTS = [
     Mutant("the token set to 0, not changed", "position 6 is missing", {PERTURBED: "0"}),
     Mutant("token + 1 without the modulo", "IndexError", {PERTURBED: "other[0, j] + 1"}),
@@ -66,9 +64,7 @@ MUTANTS = [
     Mutant("the stored solution imported at the top", "does not import: ImportError",
            source="from exercises.solutions.ex06_reach import positions_that_change, swa_reach\n"),
 ]
-
 ALSO_RIGHT = (SOLUTIONS / "ex06_reach_also.py").read_text()   # a right answer written otherwise
-
 # (attn, n_layer, window, T, t, what else): every dimension an answer could hard-code varies: the depth and the window
 # (one not dividing T), the vocabulary (token vocab_size - 1 is planted at t, token 0 at t - 1: a perturbation must
 # change both), heads, rope_base, seed, float32, the convolution, t = 0, influences faint enough that only float64 sees them

@@ -49,7 +49,6 @@ BUGS = [
     Bug("the LM head on all T tokens", "prefill returns logits at the last position only (t_out = 1): 2 C V, not 2 C V T.",
         {"+ 2 * C * V": "+ 2 * C * V * T"}),
 ]
-
 MUTANTS = [
     Mutant("bench.forward_flops returned", "your code called perf.bench.forward_flops",
            {SOLUTION: "from perf import bench\n\n\n" + SOLUTION, LOADED: "    return bench.forward_flops(cfg, T, 1)\n"}),
@@ -70,9 +69,7 @@ MUTANTS = [
             'if cfg.attn == "orthros":\n': 'if cfg.attn != "transformer":\n'}),
     Mutant("the LM head left out", "it does not change with cfg.vocab_size", {" + 2 * C * V": ""}),
 ]
-
 ALSO_RIGHT = (SOLUTIONS / "ex07_prefill_flops_also.py").read_text()   # a right answer written otherwise
-
 SIZES = {"tiny (2 x 16, 2 heads, w=4, V=37)": OrthrosConfig(vocab_size=37, n_layer=2, n_head=2, n_embd=16, window=4),
          "odd (3 x 48, 4 heads, w=7, V=101)": OrthrosConfig(vocab_size=101, n_layer=3, n_head=4, n_embd=48, window=7),
          "bench --tiny (2 x 128, 2 heads, w=16, V=4096)": OrthrosConfig(vocab_size=4096, n_layer=2, n_head=2, n_embd=128, window=16),

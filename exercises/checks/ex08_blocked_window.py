@@ -54,7 +54,6 @@ BUGS = [
                                                   "    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, "
                                                   "dropout_p=dropout_p)\n"}),
 ]
-
 MUTANTS = [
     Mutant("the dense reference called", "your code called orthros.reference_attention",
            source="import orthros\n\n\ndef blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):\n"
@@ -91,15 +90,14 @@ MUTANTS = [
                  "        _BANDS[n_blocks, w] = in_window(q_pos, k_pos, w) & (k_pos >= 0)\n"
                  "    return _BANDS[n_blocks, w]\n\n\n" + DEF, MASK: "mask = band(n_blocks, w, q.device)"}),
 ]
-
 ALSO_RIGHT = (SOLUTIONS / "ex08_blocked_window_also.py").read_text()   # a right answer written otherwise
-
 SIZES = [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (3, 8), (8, 4), (9, 4), (21, 8), (32, 8), (64, 64), (100, 7)]
 EQ4 = "equal to orthros.reference_attention: query t attends exactly keys t-w+1 ... t (eq. 4)"
 # (T, w, (B, H, D), dtype, views), after SIZES: another shape, float32, bfloat16, inputs that are views (as the model's
 # q, k, v are), the paper's window, a window above it
 MORE = [(6, 4, (1, 1, 6), None, False), (9, 4, (2, 3, 4), torch.float32, False), (9, 4, (2, 3, 4), torch.bfloat16, False),
         (12, 4, (3, 2, 8), None, True), (300, 128, (1, 2, 8), None, False), (300, 200, (1, 1, 4), None, False)]
+CALL = "blocked_sliding_window_attention(q, k, v, window={})"
 
 
 def qkv(B, H, T, D, seed, views=False, names="qkv"):
@@ -110,39 +108,33 @@ def qkv(B, H, T, D, seed, views=False, names="qkv"):
 
 def cases(**options):
     for T, w, (B, H, D), dtype, views in [(T, w, (2, 3, 4), None, False) for T, w in SIZES] + MORE:
-        yield Case(f"blocked_sliding_window_attention(q, k, v, window={w}), q, k, v of shape ({B}, {H}, {T}, {D})"
-                   + (", transposed views of (B, T, H, D) tensors (not contiguous), as the model passes them" if views else "")
-                   + (f" {PAPER}" if w == 128 else ""), call=explained, dtype=dtype, invariant=EQ4 + ", forward",
-                   inputs=lambda T=T, w=w, B=B, H=H, D=D, views=views: dict(**qkv(B, H, T, D, T * 100 + w, views), window=w))
-    yield Case("blocked_sliding_window_attention(q, k, v, window=4, dropout_p=0.5) right after torch.manual_seed(0), q, k, v "
-               "of shape (2, 3, 9, 4)", inputs=lambda: dict(**qkv(2, 3, 9, 4, 7), window=4, dropout_p=0.5), call=with_dropout,
-               invariant="orthros.py's output under the same seed: dropout on the attention weights, the dropout_p passed on to "
-                         "scaled_dot_product_attention (one call over all the blocks, (B*H, n, w, 2w) weights as in hint 2, "
-                         "draws the mask orthros.py's draws)")
+        yield Case(f"{CALL.format(w)}, q, k, v of shape ({B}, {H}, {T}, {D})" + (f" {PAPER}" if w == 128 else "") +
+                   (", transposed views of (B, T, H, D) tensors (not contiguous), as the model passes them" if views else ""),
+                   dict(**qkv(B, H, T, D, T * 100 + w, views), window=w), explained, EQ4 + ", forward", dtype=dtype)
+    yield Case(f"{CALL.format(4)[:-1]}, dropout_p=0.5) right after torch.manual_seed(0), q, k, v of shape (2, 3, 9, 4)",
+               dict(**qkv(2, 3, 9, 4, 7), window=4, dropout_p=0.5), with_dropout,
+               "orthros.py's output under the same seed: dropout on the attention weights, the dropout_p passed on to "
+               "scaled_dot_product_attention (one call over all the blocks, (B*H, n, w, 2w) weights as in hint 2, draws the "
+               "mask orthros.py's draws)")
     for T, w in SIZES[2::2]:
-        yield Case(f"the gradients of (blocked_sliding_window_attention(q, k, v, window={w}) * dy).sum() with respect to q, k,"
-                   f" v, all of shape (2, 3, {T}, 4)", inputs=lambda T=T, w=w: dict(**qkv(2, 3, T, 4, T * 100 + w, names="qkvd"),
-                                                                                   window=w), output="your gradients",
-                   call=lambda answer, window, **qkvd: grads(answer.blocked_sliding_window_attention, window, **qkvd),
-                   invariant=EQ4 + ", backward: the same gradients")
+        yield Case(f"the gradients of ({CALL.format(w)} * dy).sum() with respect to q, k, v, all of shape (2, 3, {T}, 4)",
+                   dict(**qkv(2, 3, T, 4, T * 100 + w, names="qkvd"), window=w), grads, EQ4 + ", backward: the same "
+                   "gradients", output="your gradients")
     for attn in ("swa", "orthros"):
         yield Case(f"whole-model logits, attn={attn!r}, swa_impl='blocked', T=27, w=4, with yours patched into orthros.py",
-                   inputs=lambda model=tiny_model(attn, window=4, swa_impl="blocked"): dict(model=model, idx=tokens(2, 27)),
-                   call=patched_logits, output="the model's logits",
-                   invariant="the model's logits are unchanged with your function as its sliding window")
+                   dict(model=tiny_model(attn, window=4, swa_impl="blocked"), idx=tokens(2, 27)), patched_logits,
+                   "the model's logits are unchanged with your function as its sliding window", output="the model's logits")
     T, w = 4096, 128
-    yield Case(f"the largest tensor created during blocked_sliding_window_attention(q, k, v, window={w}), q, k, v of shape "
-               f"(1, 1, {T}, 4)", inputs=lambda: dict(**qkv(1, 1, T, 4, 0), window=w), output="the size of your largest tensor",
-               call=lambda answer, q, k, v, window: largest_tensor(answer.blocked_sliding_window_attention, q, k, v, window),
+    yield Case(f"the largest tensor created during {CALL.format(w)}, q, k, v of shape (1, 1, {T}, 4)",
+               dict(**qkv(1, 1, T, 4, 0), window=w), largest_tensor, output="the size of your largest tensor",
                invariant="O(T w) memory: no intermediate tensor holds more than 8 T w elements (the dense mask: T^2 = 32 T w)",
                holds=lambda n: None if n <= 8 * T * w else f"your largest tensor holds {n:,} elements = {n / (T * w):.0f} T w; "
                                                            f"the limit is 8 T w = {8 * T * w:,}")
-    yield Case("blocked_sliding_window_attention(q, k, v, window=128) on the meta device, q, k, v of shape (2, 6, 300, 128): "
-               "the paper's heads and head size, after the same T and w on the CPU above (nothing made for that call fits here)",
-               inputs=lambda: dict(**{name: torch.empty(2, 6, 300, 128) for name in "qkv"}, window=128), device="meta",
-               call=lambda answer, q, k, v, window: answer.blocked_sliding_window_attention(q, k, v, window),
-               invariant="the output and everything it needs are made where q is (here: meta, where only shapes exist), its "
-                         "shape (B, H, T, D)")
+    yield Case(f"{CALL.format(128)} on the meta device, q, k, v of shape (2, 6, 300, 128): the paper's heads and head size, "
+               "after the same T and w on the CPU above (nothing made for that call fits here)",
+               lambda: dict(**{name: torch.empty(2, 6, 300, 128) for name in "qkv"}, window=128),
+               "blocked_sliding_window_attention", "the output and everything it needs are made where q is (here: meta, "
+               "where only shapes exist), its shape (B, H, T, D)", device="meta")
 
 
 def explained(answer, q, k, v, window):
@@ -179,9 +171,9 @@ def with_dropout(answer, q, k, v, window, dropout_p):
     return out
 
 
-def grads(fn, window, q, k, v, d):
+def grads(answer, window, q, k, v, d):
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    return list(torch.autograd.grad((fn(q, k, v, window) * d).sum(), (q, k, v)))
+    return list(torch.autograd.grad((answer.blocked_sliding_window_attention(q, k, v, window) * d).sum(), (q, k, v)))
 
 
 def patched_logits(answer, model, idx):
@@ -200,7 +192,7 @@ class LargestTensor(TorchDispatchMode):
         return out
 
 
-def largest_tensor(fn, q, k, v, w):
+def largest_tensor(answer, **qkv):
     with torch.no_grad(), LargestTensor() as mode:
-        fn(q, k, v, w)
+        answer.blocked_sliding_window_attention(**qkv)
     return mode.largest

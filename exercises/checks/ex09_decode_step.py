@@ -1,7 +1,5 @@
 """Exercise 9, the KV-cache decode step: the checker."""
 
-from types import SimpleNamespace
-
 import torch
 
 from exercises.framework import (SOLUTIONS, Bug, Case, Mutant, Wrong, describe, form_difference, handed_to_blocks, short,
@@ -12,7 +10,7 @@ from perf import engine
 
 TITLE, DIFFICULTY, MINUTES = "The KV-cache decode step", 4, 40
 FUNCTIONS = ("decode_step",)
-REFERENCE = SimpleNamespace(decode_step=solution.decode_step)
+REFERENCE = solution   # the stored solution: its functions
 FORBIDDEN = dict.fromkeys(
     (Orthros.forward, Orthros.prefill, Orthros.decode, Orthros.generate, Orthros.generate_tokens,
      *(getattr(engine.FastDecoder, name) for name in ("prefill", "decode", "load") if hasattr(engine.FastDecoder, name)),
@@ -54,7 +52,6 @@ BUGS = [
         {BLOCK: BLOCK + "\n            w = model.config.window   # only the window is ever attended\n"
                 "            layer_cache.k, layer_cache.v = layer_cache.k[:, :, -w:], layer_cache.v[:, :, -w:]"}),
 ]
-
 MUTANTS = [
     Mutant("logits of shape (B, vocab)", "your logits have shape (2, 37), expected (2, 1, 37)", {LOGITS: LOGITS.replace("-1:", "-1")}),
     Mutant("the model's own decode called", "your code called orthros.Orthros.decode",
@@ -82,9 +79,7 @@ MUTANTS = [
     Mutant("cache.length not advanced", "at ['cache.length']: yours 12, the reference 13", {"        cache.length = S + 1\n": ""}),
     Mutant("the positions made on the CPU", "is not on the expected device meta", {"device=x.device)": "device='cpu')"}),
 ]
-
 ALSO_RIGHT = (SOLUTIONS / "ex09_decode_step_also.py").read_text()   # a right answer written otherwise
-
 OTHER = "attn='orthros', 4 heads, n_embd=24, rope_base=500.0, dropout=0.1 (eval mode), vocab_size=50, conv_kernel=2, seed 1"
 MODELS = [   # (name, attn, overrides, dtype)
     ("attn='orthros'", "orthros", {}, None), ("attn='orthros', conv_kernel=3", "orthros", dict(conv_kernel=3), None),
@@ -101,31 +96,28 @@ PAPER_SIZE = dict(n_layer=2, n_embd=768, n_head=6, vocab_size=50304, window=128)
 ONE_TOKEN = "one new token per sequence: z is (B, rows, C), its base twin the first row"
 
 
+INVARIANT = ("train == decode: after the steps the cache (compared first: cache.length, the next token's position, then "
+             "each layer's keys, values and conv_state) equals that of prefill(idx) over the whole sequence, and each step's "
+             "logits equal the training forward's at its position (the LM head reads Orthros's output twin, z's last row; "
+             "the baselines have no twin)")
+
+
 def cases(**options):
-    models = [tiny_model(attn, seed=more.pop("seed", 0), **more) for _, attn, more, _ in
-              ((name, attn, dict(more), dtype) for name, attn, more, dtype in MODELS)]
+    models = [tiny_model(attn, **{"seed": 0, **more}) for _, attn, more, _ in MODELS]
     for p, which, B, column in RUNS:
         for i in which:
-            name, _, _, dtype = MODELS[i]
-            c = models[i].config
-            yield Case(
-                f"prefill(idx[:, :{p}]), then {T - p} decode_step(s) with the tokens idx[:, {p}:], each as next_idx of "
-                f"shape {f'({B}, 1)' if column else f'({B},)'}; idx of shape ({B}, {T}), {name}, w={c.window}, {c.n_layer} layers",
-                inputs=lambda model=models[i], p=p, B=B, column=column: dict(model=model, idx=tokens(B, T, seed=B), p=p,
-                                                                             column=column),
-                call=decoded, expected=trained, dtype=dtype, output="your steps' result",
-                atol=5e-2 if dtype == torch.bfloat16 else None, rtol=5e-2 if dtype == torch.bfloat16 else None,
-                invariant="train == decode: after the steps the cache (compared first: cache.length, the next token's "
-                          "position, then each layer's keys, values and conv_state) equals that of prefill(idx) over the whole "
-                          "sequence, and each step's logits equal the training forward's at its position (the LM head reads "
-                          "Orthros's output twin, z's last row; the baselines have no twin)")
+            (name, _, _, dtype), c = MODELS[i], models[i].config
+            yield Case(f"prefill(idx[:, :{p}]), then {T - p} decode_step(s) with the tokens idx[:, {p}:], each as next_idx "
+                       f"of shape {f'({B}, 1)' if column else f'({B},)'}; idx of shape ({B}, {T}), {name}, w={c.window}, "
+                       f"{c.n_layer} layers", dict(model=models[i], idx=tokens(B, T, seed=B), p=p, column=column), decoded,
+                       INVARIANT, expected=trained, dtype=dtype, output="your steps' result",
+                       atol=5e-2 if dtype == torch.bfloat16 else None, rtol=5e-2 if dtype == torch.bfloat16 else None)
     with torch.device("meta"):   # built once, when a check gets here: every operation on meta runs in Python
         paper = Orthros(OrthrosConfig(**PAPER_SIZE)).eval()
-    yield Case(
-        "a decode_step on the meta device after 300 positions (a KVCache whose layers hold k, v of shape (2, 6, 300, 128), "
-        f"cache.length = 300): 2 layers at {PAPER}, next_idx of shape (2,)", call=decoded_on_meta, device="meta", output="your logits",
-        inputs=lambda: dict(model=paper, next_idx=torch.zeros(2, dtype=torch.long)),
-        invariant="the logits (B, 1, vocab) made where the model is (here: meta, where only shapes exist)")
+    yield Case("a decode_step on the meta device after 300 positions (a KVCache whose layers hold k, v of shape (2, 6, 300, "
+               f"128), cache.length = 300): 2 layers at {PAPER}, next_idx of shape (2,)", lambda: dict(model=paper,
+               next_idx=torch.zeros(2, dtype=torch.long)), decoded_on_meta, "the logits (B, 1, vocab) made where the model "
+               "is (here: meta, where only shapes exist)", device="meta", output="your logits")
 
 
 def decoded(answer, model, idx, p, column):

@@ -4,7 +4,6 @@ import dataclasses
 import json
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 from checkpoint import load_checkpoint, save_checkpoint
 from data.prepare_utils import find_dataset
@@ -14,7 +13,7 @@ from orthros import OrthrosConfig
 
 TITLE, DIFFICULTY, MINUTES = "The recall lab", 4, 30
 FUNCTIONS = ("recall_summary",)
-REFERENCE = SimpleNamespace(recall_summary=solution.recall_summary)
+REFERENCE = solution   # the stored solution: its functions
 PAPER = "w=128, 12 layers"
 
 COMMANDS = ("python train.py --config recall_tiny --attn swa --out_dir out/lab-recall-swa\n"
@@ -49,7 +48,6 @@ BUGS = [
     Bug("buckets that merely start inside the window counted as inside", "a bucket 'lo-hi' is inside the window only if "
         "all its distances are, hi <= w.", {"lambda lo, hi: hi <= w": "lambda lo, hi: lo < w"}),
 ]
-
 MUTANTS = [
     Mutant("hits truncated by int()", "each bucket's hits truncated by int()", {POOLED: 'sum(int(r["accuracy"] * r["n"]) for r in chosen)'}),
     Mutant("recall_tiny's window hard-coded (32) for inside", "of the buckets 1-3, 3-4, 4-6, 6-8, 8-16", {"hi <= w)": "hi <= 32)"}),
@@ -66,7 +64,6 @@ MUTANTS = [
     Mutant("the known bugs' code reused", "does not import: ImportError",
            source="from exercises.checks.ex10_recall_lab import BUGS\n\nrecall_summary = BUGS[0]\n"),
 ]
-
 ALSO_RIGHT = (SOLUTIONS / "ex10_recall_lab_also.py").read_text()   # a right answer written otherwise
 
 
@@ -85,36 +82,37 @@ POOLINGS = [("yours is the pooled accuracy of the buckets {}", lambda a, n: sum(
             ("yours pools the buckets {} with each bucket's hits truncated by int()",
              lambda a, n: sum(int(x * m) for x, m in zip(a, n)) / sum(n)),
             ("yours is the mean of the accuracies of the buckets {}, not pooled over examples", lambda a, n: sum(a) / len(a))]
+RETRAIN = ("Let it train its whole schedule (recall_tiny's 2400 steps: shorter ones did not learn recall in our tries); if "
+           "its loss stalled, train it again with another --seed (and --overwrite true).")
 
 
 def made_up_run(folder, i):
-    """Write made-up run i: its exact_match.json, and checkpoints that hold only a model config."""
+    """Write made-up run i: its exact_match.json, and a checkpoint that holds only a model config."""
     attn, w, L, H, buckets = MADE_UP[i]
-    (Path(folder) / f"run{i}").mkdir(exist_ok=True)
-    (Path(folder) / f"run{i}" / "exact_match.json").write_text(json.dumps({b: {"n": n, "accuracy": a} for b, (n, a) in buckets.items()}))
-    config = dataclasses.asdict(OrthrosConfig(attn=attn, window=w, n_layer=L, n_head=H, n_embd=768 if w == 128 else 64,
-                                              vocab_size=50304 if w == 128 else 64, conv_kernel=3))
-    for ckpt in ("ckpt_last.pt", "ckpt_best.pt"):
-        save_checkpoint(Path(folder) / f"run{i}" / ckpt, model_config=config, step=0)
-    return str(Path(folder) / f"run{i}")
+    run = Path(folder) / f"run{i}"
+    run.mkdir(exist_ok=True)
+    (run / "exact_match.json").write_text(json.dumps({b: {"n": n, "accuracy": a} for b, (n, a) in buckets.items()}))
+    config = OrthrosConfig(attn=attn, window=w, n_layer=L, n_head=H, n_embd=768 if w == 128 else 64,
+                           vocab_size=50304 if w == 128 else 64, conv_kernel=3)
+    save_checkpoint(run / "ckpt_last.pt", model_config=dataclasses.asdict(config), step=0)
+    return str(run)
 
 
 def cases(runs=None, **options):
     folder = tempfile.TemporaryDirectory(prefix="orthros-lab-")   # removed when the last case is gone
     for i, (attn, w, L, H, buckets) in enumerate(MADE_UP):
-        yield Case(f"recall_summary(run_dir) for a made-up {attn} run (w={w}, {L} layers, {H} heads): {buckets}", call=explained,
-                   inputs=lambda i=i, folder=folder: dict(run_dir=made_up_run(folder.name, i)), output="your summary",
+        yield Case(f"recall_summary(run_dir) for a made-up {attn} run (w={w}, {L} layers, {H} heads): {buckets}",
+                   lambda i=i: dict(run_dir=made_up_run(folder.name, i)), explained, output="your summary",
                    invariant="inside: the examples of the buckets with hi <= window; beyond: those of the buckets with lo >= "
                              "n_layer * window; each pooled over examples (the stored solution, run on the same files)")
     for attn in ("swa", "orthros"):
-        yield Case(f"recall_summary({run_dir(runs, attn)!r}), your trained {attn} run", output="your summary", call=explained,
-                   inputs=lambda attn=attn: dict(run_dir=str(trained_run(runs, attn))),
-                   invariant="the stored solution's summary of the same run")
-        yield Case(f"what the {attn} run shows (your recall_summary of {run_dir(runs, attn)})", holds=lambda shown, attn=attn: claim(attn, *shown),
-                   inputs=lambda attn=attn: dict(run_dir=str(trained_run(runs, attn))), output="your summary and the run",
-                   call=lambda answer, run_dir: (answer.recall_summary(run_dir), Path(run_dir)),
+        trained = lambda attn=attn: dict(run_dir=str(trained_run(runs, attn)))
+        yield Case(f"recall_summary({run_dir(runs, attn)!r}), your trained {attn} run", trained, explained,
+                   "the stored solution's summary of the same run", output="your summary")
+        yield Case(f"what the {attn} run shows (your recall_summary of {run_dir(runs, attn)})", trained,
+                   lambda answer, run_dir: (answer.recall_summary(run_dir), Path(run_dir)), output="your summary and the run",
                    invariant=f"SWA is near chance beyond n_layer * window (at most chance + {SWA_ABOVE_CHANCE}); Orthros answers "
-                             f"there (at least {ORTHROS_BEYOND})")
+                             f"there (at least {ORTHROS_BEYOND})", holds=lambda shown, attn=attn: claim(attn, *shown))
 
 
 def explained(answer, run_dir):
@@ -170,25 +168,15 @@ def chance(path):
 
 def claim(attn, summary, path):
     """What the run must show: SWA near chance beyond n_layer * window, Orthros answering there."""
+    guess = chance(path)
     if summary["attn"] != attn:
         return f"{path} holds an {summary['attn']!r} run, not {attn!r}"
-    guess = chance(path)
     if attn == "swa" and summary["beyond"] > (guess or 0.05) + SWA_ABOVE_CHANCE:
-        return (f"SWA answers {summary['beyond']:.2f} beyond n_layer * window (chance is "
-                f"{'unknown: its dataset is gone' if guess is None else f'{guess:.2f}'}): it should not reach that far. Is this "
-                "the run of a sliding-window model, trained on the recall task?")
+        return (f"SWA answers {summary['beyond']:.2f} beyond n_layer * window (chance is {guess or 'unknown'}): it should not "
+                "reach that far. Is this the run of a sliding-window model, trained on the recall task?")
     if attn == "orthros" and summary["beyond"] < ORTHROS_BEYOND:
-        return f"Orthros answers only {summary['beyond']:.2f} beyond n_layer * window. {schedule(path, attn)}"
+        return f"Orthros answers only {summary['beyond']:.2f} beyond n_layer * window. {RETRAIN}"
     return None
-
-
-def schedule(path, attn):
-    ckpt = load_checkpoint(path / "ckpt_last.pt")
-    step, max_iters = ckpt["step"], ckpt["train_config"]["max_iters"]
-    return f"Its checkpoint is at step {step} of max_iters {max_iters}: let it train to the end." if step < max_iters else \
-        (f"It trained its whole schedule ({step} steps): read its log ({path / 'log.jsonl'}) for the loss, and train it again "
-         f"(python train.py --config {ckpt.get('config_name') or 'recall_tiny'} --attn {attn} --out_dir {path} --overwrite true, "
-         "with another --seed if the loss stalled; a shorter schedule than recall_tiny's 2400 steps did not learn recall in our tries).")
 
 
 def after_pass(answer, runs=None, **options):
@@ -202,5 +190,5 @@ def after_pass(answer, runs=None, **options):
                   f"{summary['n_layer'] * summary['window']}: {summary['beyond']:.2f}"]
         if summary["inside"] < 0.6:
             lines.append(f"  {'':>8}  NOTE: this run answers only {summary['inside']:.2f} inside its window, where the model can "
-                         f"reach the key: it learned the task poorly. {schedule(path, attn)}")
+                         f"reach the key: it learned the task poorly. {RETRAIN}")
     return "\n".join(lines)
