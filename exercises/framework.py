@@ -1,15 +1,12 @@
-"""The checker every exercise shares. An exercise is three files exNN_<name>.py: its stub (exercises/stubs/), its
-stored solution (exercises/solutions/) and its checker (exercises/checks/; its parts: exercises/README.md).
+"""The checker every exercise shares (an exercise's three files, and the parts of a checker: exercises/README.md).
 
-A check runs the checker's cases, smallest first, on an answer (a student's file; a known bug or a mutant, the stored
-solution with edits; the reference), each run on its own deep copy of the inputs. What the answer returns is compared
-with the reference's output on another copy (or expected(**inputs)): its form first (the type; a tensor's shape, dtype
-and device; a container's length or keys), then its values, to atol/rtol (by default TOLERANCE, by dtype); or
-compare(output, right) or holds(output) says what is wrong. The inputs must come back unchanged. The report: the first
-failing case, what is wrong, the invariant it breaks, and a known bug that fails it with the same report.
-While the answer's code runs, the reference and FORBIDDEN raise however reached (their __code__ is swapped); a file
-that imports from exercises/ is refused. What the checker's own code raises is its error, never the student's, except
-in `with using("your model(idx)")` (code that uses what the answer returned) and `raise Wrong("...")` (a failure in words).
+A check runs the checker's cases, smallest first, on an answer (a student's file; a bug or mutant, the stored solution
+with edits; the reference), each on its own deep copy of the inputs. What the answer returns is compared with the
+reference's output (or expected(**inputs)): its form first (type; shape, dtype, device; length or keys), then its values
+(to TOLERANCE, by dtype); or compare(output, right) or holds(output) says what is wrong. The inputs
+must come back unchanged. While the answer runs, the reference and FORBIDDEN raise however reached (their __code__ is
+swapped); a file that imports from exercises/ is refused. What the checker's own code raises is its error, never the
+student's, but in `with using("your model(idx)")` (code that uses what the answer returned) and Wrong("...") (words).
 """
 
 import ast
@@ -54,12 +51,9 @@ class Case:
     expected: Callable = None    # (**inputs) -> the right output, instead of the reference's call
     compare: Callable = None     # (output, right output) -> None or what is wrong, instead of forms and values
     holds: Callable = None       # output -> None or what is wrong: a property, no reference run
-    atol: float = None           # None: TOLERANCE of the right output's dtype (python floats: float64's)
-    rtol: float = None
     device: str = None           # inputs() runs under `with torch.device(device)` (meta: shapes, no values)
     dtype: torch.dtype = None    # the floating tensors and modules of the inputs are converted to it (and it is named)
     output: str = "your output"  # the output in words, for the report
-    mutable: tuple = ()          # the inputs the answer may change (a cache it appends to)
 
     def __post_init__(self):
         self.what += f", in {str(self.dtype)[6:]}" if self.dtype else ""
@@ -292,22 +286,19 @@ def cases_of(spec, options):
     if key not in CACHE:
         CACHE[key] = SimpleNamespace(spec=spec, new=iter(spec.cases(**options)), cases=[], truths={})
     kept = CACHE[key]
+
+    def truth(i, case):   # the right output, once: expected(**inputs), or the reference's call, on its own inputs
+        if i not in kept.truths and not (case.holds and not case.expected):
+            inputs = fresh(case)
+            kept.truths[i] = case.expected(**inputs) if case.expected else called(case, spec.REFERENCE, inputs)
+        return kept.truths.get(i)
     for i in itertools.count():
         if i == len(kept.cases):
             kept.cases.append(next(kept.new, None))
         if kept.cases[i] is None:
             kept.cases.pop()
             return
-        yield kept.cases[i], functools.partial(truth_of, spec, kept.cases[i], kept.truths, i)
-
-
-def truth_of(spec, case, truths, i):
-    """The right output, once: expected(**inputs), or the reference's call, on its own copy of the inputs."""
-    if i not in truths and not (case.holds and not case.expected):
-        inputs = fresh(case)
-        reference = SimpleNamespace(**{f: getattr(spec.REFERENCE, f) for f in spec.FUNCTIONS})
-        truths[i] = case.expected(**inputs) if case.expected else called(case, reference, inputs)
-    return truths.get(i)
+        yield kept.cases[i], functools.partial(truth, i, kept.cases[i])
 
 
 def called(case, answer, inputs):
@@ -317,11 +308,11 @@ def called(case, answer, inputs):
 def run_case(spec, case, functions, truth):
     """The answer's outcome on the case: what its call gave, judged, and whether it changed its inputs."""
     inputs = POOL.pop(id(case), None) or fresh(case)
-    before = {name: flat(value) for name, value in inputs.items() if name not in case.mutable}
+    before = {name: flat(value) for name, value in inputs.items()}
     try:
         out = called(case, functions, inputs)
         outcome = Outcome(out, case.holds(out) if case.holds else case.compare(out, truth) if case.compare else
-                          form_difference(out, truth, case.output) or value_difference(out, truth, case.atol, case.rtol))
+                          form_difference(out, truth, case.output) or value_difference(out, truth))
     except Wrong as e:
         outcome = Outcome(problem=str(e), kind="wrong")
     except Refused as e:
@@ -333,7 +324,7 @@ def run_case(spec, case, functions, truth):
             return Outcome(e, kind="not started")
         outcome = Outcome(problem=f"your code raised {one_line(e)}{answer_line(e)}", kind="raised")
     changed = changes(spec, before, inputs)
-    if not changed and not case.mutable:
+    if not changed:
         POOL[id(case)] = inputs   # still as fresh() made them: the next run of the case takes them
     if changed and outcome.problem:
         return outcome._replace(problem=f"{outcome.problem}\n  and: {changed}")
@@ -353,13 +344,11 @@ def same_failure(spec, bug, case, truth, outcome):
 
 def fresh(case):
     """A deep copy of case.inputs(), built on the case's device and converted to its dtype."""
-    def place(value):
+    def place(value):   # a tensor or a module, on the case's device, its floating point numbers in its dtype
         if isinstance(value, (torch.Tensor, nn.Module)):
             value = value.to(case.device) if case.device else value
             return value.to(case.dtype) if case.dtype and (isinstance(value, nn.Module) or value.is_floating_point()) else value
-        if isinstance(value, (list, tuple)):
-            return type(value)(place(v) for v in value)
-        return {k: place(v) for k, v in value.items()} if isinstance(value, dict) else value
+        return value
     with torch.device(case.device) if case.device else contextlib.nullcontext():
         inputs = case.inputs() if callable(case.inputs) else case.inputs   # made here: on the case's device
     return {name: place(value) for name, value in copy.deepcopy(inputs).items()}
@@ -371,7 +360,7 @@ GONE = object()   # what is at a path that is not there
 
 
 def flat(x, path="", clone=True):
-    """x as {path: value}: a tensor's copy (and requires_grad), a plain value, a container's type and its parts (a
+    """x as {path: value}: a tensor's copy (and requires_grad), another value, a container's type and its parts (a
     module's: its weights, its submodules' public attributes such as mode and config, and their number of hooks)."""
     if isinstance(x, torch.Tensor):
         return {path: x.detach().clone() if clone and x.device.type != "meta" else x.detach(),
@@ -386,8 +375,6 @@ def flat(x, path="", clone=True):
         found = {f".{f.name}": getattr(x, f.name) for f in dataclasses.fields(x)}
     elif isinstance(x, (dict, list, tuple)):
         found = {f"[{k!r}]": v for k, v in (x.items() if isinstance(x, dict) else enumerate(x))}
-    elif hasattr(x, "__dict__") and not isinstance(x, (type, types.ModuleType)) and not callable(x):
-        found = {f".{k}": v for k, v in vars(x).items()}
     else:
         return {path: x}
     kept = {path: type(x)}
@@ -449,20 +436,17 @@ def form_difference(out, ref, label="your output"):
     return None
 
 
-def value_difference(out, ref, atol=None, rtol=None):
-    """None when out's values equal ref's (to atol/rtol), else the first difference, in words (out has ref's form)."""
+def value_difference(out, ref):
+    """None when out's values equal ref's (to TOLERANCE), else the first difference, in words (out has ref's form)."""
     if isinstance(ref, (dict, list, tuple)):
         for k in (ref if isinstance(ref, dict) else range(len(ref))):
-            problem = value_difference(out[k], ref[k], atol, rtol)
+            problem = value_difference(out[k], ref[k])
             if problem:
                 return f"at [{k!r}]: {problem}" if isinstance(ref, dict) else f"at item {k}: {problem}"
         return None
     if isinstance(ref, torch.Tensor):
-        return tensor_difference(out, ref, atol, rtol)
-    if isinstance(ref, float):
-        close = math.isclose(out, ref, rel_tol=rtol or 0.0, abs_tol=TOLERANCE[torch.float64] if atol is None else atol)
-    else:
-        close = out == ref
+        return tensor_difference(out, ref)
+    close = math.isclose(out, ref, abs_tol=TOLERANCE[torch.float64]) if isinstance(ref, float) else out == ref
     off = " (off by one)" if type(ref) is int and type(out) is int and abs(out - ref) == 1 else ""
     return None if close else f"yours {short(out)}, the reference {short(ref)}{off}"
 

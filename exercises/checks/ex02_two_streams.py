@@ -74,39 +74,36 @@ ABOUT = "Orthros, 2 layers, 2 heads, C=16, w=4, random scale-offsets"
 
 def logits_case(model, B, T, t_out, about=ABOUT, invariant=INVARIANT, dtype=None, seed=None):
     return Case(f"two_stream_logits(model, idx, t_out={t_out}), idx of shape ({B}, {T}); model: {about}",
-                inputs=lambda: dict(model=model, idx=tokens(B, T, vocab=model.config.vocab_size, seed=seed or T), t_out=t_out),
-                call=logits, invariant=invariant, dtype=dtype, expected=model_logits, output="your logits")
+                dict(model=model, idx=tokens(B, T, vocab=model.config.vocab_size, seed=seed or T), t_out=t_out), logits,
+                invariant, dtype=dtype, output="your logits",
+                expected=lambda model, idx, t_out: model(idx, t_out=t_out)[0].detach())
 
 
 def cases(**options):
     model = tiny_model("orthros", window=4)
-    found = [logits_case(model, 2, T, t_out) for T, t_out in [(1, 1), (2, 1), (2, 2), (3, 1), (3, 3), (5, 2), (9, 4),
-                                                             (20, 10), (20, 20)]]
+    for T, t_out in [(1, 1), (2, 1), (2, 2), (3, 1), (3, 3), (5, 2), (9, 4), (20, 10), (20, 20)]:
+        yield logits_case(model, 2, T, t_out)
     # One dimension at a time, each named in the case: what an answer could have written in
-    found += [logits_case(model, B, 9, 4, f"{ABOUT} (a batch of {B})", f"{INVARIANT}, for every sequence of the batch")
-              for B in (1, 3)]
-    found.append(logits_case(tiny_model("orthros", seed=1, window=4), 2, 9, 4, f"{ABOUT}, other weights (seed 1)", seed=1))
-    found.append(logits_case(tiny_model("orthros", window=4, rope_base=500.0), 2, 9, 4, f"{ABOUT}, rope_base=500.0 (the "
-                             "default is 10000.0)", f"{INVARIANT}; RoPE turns by the model's rope_base, model.config.rope_base"))
-    found.append(logits_case(tiny_model("orthros", window=3, n_layer=3, n_head=4, n_embd=48), 2, 10, 4, "Orthros, n_layer=3, "
-                             "n_head=4, C=48 (head_dim = C / n_head = 12), w=3",
-                             f"{INVARIANT}; the RoPE tables have head_dim = n_embd / n_head columns"))
-    found += [logits_case(model, 2, 9, 4, invariant=f"{INVARIANT}; the logits in the model's dtype, every step in it",
-                          dtype=dtype) for dtype in (torch.float32, torch.bfloat16)]
-    found.append(logits_case(tiny_model("orthros", window=4, dropout=0.1), 2, 9, 4, f"{ABOUT}, dropout=0.1, in eval mode",
-                             f"{INVARIANT}; a model in eval mode drops nothing (F.dropout drops unless told training=False)"))
-    found.append(logits_case(tiny_model("orthros", window=4, conv_kernel=3), 2, 9, 4, f"{ABOUT}, conv_kernel=3",
-                             f"{INVARIANT}; the blocks convolve the base tokens themselves"))
+    for B in (1, 3):
+        yield logits_case(model, B, 9, 4, f"{ABOUT} (a batch of {B})", f"{INVARIANT}, for every sequence of the batch")
+    yield logits_case(tiny_model("orthros", seed=1, window=4), 2, 9, 4, f"{ABOUT}, other weights (seed 1)", seed=1)
+    yield logits_case(tiny_model("orthros", window=4, rope_base=500.0), 2, 9, 4, f"{ABOUT}, rope_base=500.0 (the default "
+                      "is 10000.0)", f"{INVARIANT}; RoPE turns by the model's rope_base, model.config.rope_base")
+    yield logits_case(tiny_model("orthros", window=3, n_layer=3, n_head=4, n_embd=48), 2, 10, 4, "Orthros, n_layer=3, "
+                      "n_head=4, C=48 (head_dim = C / n_head = 12), w=3", f"{INVARIANT}; the RoPE tables have head_dim = "
+                      "n_embd / n_head columns")
+    for dtype in (torch.float32, torch.bfloat16):
+        yield logits_case(model, 2, 9, 4, invariant=f"{INVARIANT}; the logits in the model's dtype, every step in it",
+                          dtype=dtype)
+    yield logits_case(tiny_model("orthros", window=4, dropout=0.1), 2, 9, 4, f"{ABOUT}, dropout=0.1, in eval mode",
+                      f"{INVARIANT}; a model in eval mode drops nothing (F.dropout drops unless told training=False)")
+    yield logits_case(tiny_model("orthros", window=4, conv_kernel=3), 2, 9, 4, f"{ABOUT}, conv_kernel=3",
+                      f"{INVARIANT}; the blocks convolve the base tokens themselves")
     wide = tiny_model("orthros", window=128)
-    return found + [logits_case(wide, 2, 300, t_out, f"Orthros, 2 layers, 2 heads, C=16, {PAPER}") for t_out in (1, 300)]
+    yield from [logits_case(wide, 2, 300, t_out, f"Orthros, 2 layers, 2 heads, C=16, {PAPER}") for t_out in (1, 300)]
 
 
 def logits(answer, model, idx, t_out):
     B, T = idx.shape
     with torch.no_grad(), handed_to_blocks(model, B, T + t_out, T, "the T base tokens, then the t_out output tokens"):
         return answer.two_stream_logits(model, idx, t_out)
-
-
-def model_logits(model, idx, t_out):
-    with torch.no_grad():
-        return model(idx, t_out=t_out)[0]

@@ -49,13 +49,6 @@ BUGS = [
          f"attn_mask={OUT_MASK}": f"attn_mask=torch.cat([{OUT_MASK}, attention_mask(t_out, t_out, None, z.device)], dim=1)"}),
 ]
 
-
-def additive(dtype):
-    """A student's helper, put before orthros_attention: the boolean mask as an additive one (0 or -inf)."""
-    return (f"def additive(mask):\n    return torch.zeros(mask.shape{dtype}).masked_fill(~mask, float('-inf'))\n\n\n"
-            "def orthros_attention(")
-
-
 MUTANTS = [
     Mutant("the layer called", "your code called orthros.OrthrosAttention.forward",
            source="def orthros_attention(attn, z, T, cos, sin):\n    return attn(z, T, (cos, sin))\n"),
@@ -68,8 +61,10 @@ MUTANTS = [
     Mutant("two heads written in", "n_head=4", {"H, D = attn.n_head, attn.head_dim": "H, D = 2, C // 2"}),
     Mutant("the output tokens windowed too", "output tokens every key up to their position",
            {OUT_MASK: "attention_mask(t_out, T, attn.window, z.device)"}),
-    Mutant("an additive mask in float64", "in float32", {"def orthros_attention(": additive(", dtype=torch.float64"),
-                                                        BASE_MASK: f"additive({BASE_MASK})", OUT_MASK: f"additive({OUT_MASK})"}),
+    Mutant("an additive mask in float64", "in float32", {BASE_MASK: f"additive({BASE_MASK})", OUT_MASK: f"additive({OUT_MASK})",
+                                                        "def orthros_attention(": "def additive(mask):\n    return "
+                                                        "torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, "
+                                                        "float('-inf'))\n\n\ndef orthros_attention("}),
     Mutant("the attention written out, its additive mask in the default dtype (float32)", "in bfloat16",
            {"def orthros_attention(": "def attend(q, k, v, mask):\n"
                                       "    bias = torch.zeros(mask.shape).masked_fill(~mask, float('-inf'))   # 0: seen\n"
@@ -99,36 +94,33 @@ def layer(seed=0, window=3, **config):
 
 
 def layer_case(attn, about, B, T, t_out, invariant=INVARIANT, rope_base=10000.0, dtype=None):
-    positions = torch.cat([torch.arange(T), torch.arange(T - t_out, T)])
-    cos, sin = rope_cos_sin(positions, attn.head_dim, rope_base, torch.float64)
+    cos, sin = rope_cos_sin(torch.cat([torch.arange(T), torch.arange(T - t_out, T)]), attn.head_dim, rope_base, torch.float64)
     z = randn(B, T + t_out, attn.n_head * attn.head_dim, seed=10 * T + t_out)
     return Case(f"orthros_attention(attn, z, T={T}, cos, sin): z of shape {tuple(z.shape)} ({t_out} output token"
-                f"{'s' if t_out > 1 else ''}); attn: {about}", inputs=lambda: dict(attn=attn, z=z, T=T, cos=cos, sin=sin),
-                call=run_layer, invariant=invariant, dtype=dtype,
-                expected=lambda attn, z, T, cos, sin: streams(attn(z, T, (cos, sin)).detach(), T))
+                f"{'s' if t_out > 1 else ''}); attn: {about}", dict(attn=attn, z=z, T=T, cos=cos, sin=sin), run_layer,
+                invariant, dtype=dtype, expected=lambda attn, z, T, cos, sin: streams(attn(z, T, (cos, sin)).detach(), T))
 
 
 def cases(**options):
     attn = layer()
-    found = [layer_case(attn, ABOUT, 2, T, t_out) for T in (1, 2, 3, 5, 8, 13) for t_out in sorted({1, 2, T} & set(range(1, T + 1)))]
+    yield from [layer_case(attn, ABOUT, 2, T, t_out) for T in (1, 2, 3, 5, 8, 13) for t_out in sorted({1, 2, T} & set(range(1, T + 1)))]
     # One dimension at a time, each named in the case: what an answer could have written in
-    found += [layer_case(attn, f"{ABOUT} (a batch of {B})", B, 8, 3, f"{INVARIANT}, for every sequence of the batch") for B in (1, 3)]
-    found.append(layer_case(layer(seed=1), "another layer (seed 1), " + ABOUT, 2, 8, 3))
-    found.append(layer_case(layer(window=5), "2 heads, C=16, w=5, T=13 (w does not divide T)", 2, 13, 4,
-                            f"{INVARIANT}; the window is the layer's, attn.window"))
-    found.append(layer_case(layer(n_head=4, n_embd=48), "n_head=4, C=48 (head_dim = 12), w=3", 2, 8, 3,
-                            f"{INVARIANT}; H = attn.n_head heads of D = attn.head_dim channels"))
-    found.append(layer_case(attn, ABOUT + "; cos, sin from rope_base=500.0 (not the default 10000.0)", 2, 8, 3,
-                            f"{INVARIANT}; RoPE rotates by the tables it is given, cos and sin", rope_base=500.0))
-    found += [layer_case(attn, f"{ABOUT} (attn, z, cos, sin all in one dtype)", 2, 8, 3, f"{INVARIANT}; the output in the "
-                         "layer's dtype, every step in it", dtype=dtype) for dtype in (torch.float32, torch.bfloat16)]
-    found.append(layer_case(layer(dropout=0.1), "2 heads, C=16, w=3, dropout=0.1, in eval mode", 2, 8, 3,
-                            f"{INVARIANT}; a layer in eval mode drops nothing (its own forward: dropout_p = attn.dropout if "
-                            "attn.training else 0)"))
+    yield from [layer_case(attn, f"{ABOUT} (a batch of {B})", B, 8, 3, f"{INVARIANT}, for every sequence of the batch") for B in (1, 3)]
+    yield layer_case(layer(seed=1), "another layer (seed 1), " + ABOUT, 2, 8, 3)
+    yield layer_case(layer(window=5), "2 heads, C=16, w=5, T=13 (w does not divide T)", 2, 13, 4,
+                     f"{INVARIANT}; the window is the layer's, attn.window")
+    yield layer_case(layer(n_head=4, n_embd=48), "n_head=4, C=48 (head_dim = 12), w=3", 2, 8, 3,
+                     f"{INVARIANT}; H = attn.n_head heads of D = attn.head_dim channels")
+    yield layer_case(attn, ABOUT + "; cos, sin from rope_base=500.0 (not the default 10000.0)", 2, 8, 3,
+                     f"{INVARIANT}; RoPE rotates by the tables it is given, cos and sin", rope_base=500.0)
+    yield from [layer_case(attn, f"{ABOUT} (attn, z, cos, sin all in one dtype)", 2, 8, 3, f"{INVARIANT}; the output in the "
+                           "layer's dtype, every step in it", dtype=dtype) for dtype in (torch.float32, torch.bfloat16)]
+    yield layer_case(layer(dropout=0.1), "2 heads, C=16, w=3, dropout=0.1, in eval mode", 2, 8, 3, f"{INVARIANT}; a layer "
+                     "in eval mode drops nothing (its own forward: dropout_p = attn.dropout if attn.training else 0)")
     # The paper's sizes: w = 128 over T = 300; C = 768 and 6 heads of 128 channels (the bench model's layer)
-    found.append(layer_case(layer(window=128), f"2 heads, C=16, {PAPER}", 2, 300, 300))
-    return found + [layer_case(layer(n_layer=1, n_head=6, n_embd=768, window=128), "the bench model's layer: n_head=6, "
-                               f"C=768 (head_dim = 128), {PAPER}", 1, 300, 2)]
+    yield layer_case(layer(window=128), f"2 heads, C=16, {PAPER}", 2, 300, 300)
+    yield layer_case(layer(n_layer=1, n_head=6, n_embd=768, window=128), f"the bench model's layer: n_head=6, C=768 "
+                     f"(head_dim = 128), {PAPER}", 1, 300, 2)
 
 
 def run_layer(answer, attn, z, T, cos, sin):

@@ -85,9 +85,9 @@ INVARIANT = ("the positions whose token moves the logits at t: for SWA exactly t
 
 def cases(**options):
     yield from [Case(f"swa_reach(n_layer={n_layer}, window={window})" + (" (the paper's)" if window == 128 else ""),
-                     inputs=lambda n_layer=n_layer, window=window: dict(n_layer=n_layer, window=window), call=checked_reach,
-                     invariant="t minus the farthest position that moves a sliding-window model's logits at t, measured "
-                               "live", expected=measured_reach, output="your reach") for n_layer, window in REACHES]
+                     dict(n_layer=n_layer, window=window), checked_reach, "t minus the farthest position that moves a "
+                     "sliding-window model's logits at t, measured live", expected=measured_reach, output="your reach")
+                for n_layer, window in REACHES]
     for attn, n_layer, window, T, t, more in POSITIONS:
         more = dict(more)
         dtype, faint, seed = more.pop("dtype", None), more.pop("faint", None), more.pop("seed", 0)
@@ -103,9 +103,8 @@ def cases(**options):
                             ([f"each attention's output projection scaled by {faint}"] if faint else []))
         planted = (f"token 0 at position {t - 1}, " if t else "") + f"token {vocab - 1} (= vocab_size - 1) at position {t}"
         yield Case(f"positions_that_change(model, idx, t={t}): attn={attn!r}, {details}; idx of shape (1, {T}) with {planted}",
-                   inputs=lambda model=model, idx=idx, t=t: dict(model=model, idx=idx, t=t), dtype=dtype,
-                   call=lambda answer, model, idx, t: answer.positions_that_change(model, idx, t), compare=compared,
-                   output="your positions", invariant=INVARIANT + (FAINT if faint == 0.1 else FAINTER if faint else ""))
+                   dict(model=model, idx=idx, t=t), "positions_that_change", INVARIANT + (FAINT if faint == 0.1 else
+                   FAINTER if faint else ""), compare=compared, dtype=dtype, output="your positions")
 
 
 def compared(mine, right):
@@ -141,11 +140,3 @@ def measured_reach(n_layer, window):
     grad, = torch.autograd.grad(model(tokens(1, T, seed=T))[0][0, T - 1].sum(), kept)
     return T - 1 - int((grad[0] != 0).any(-1).nonzero().min())
 
-
-def after_pass(answer, **options):
-    lines = ["What your functions measure, 2 layers, w = 4, T = 16, at t = 15:"]
-    for attn in ("swa", "orthros", "transformer"):
-        seen = answer.positions_that_change(tiny_model(attn, n_layer=2, window=4), tokens(1, 16), 15)
-        lines.append(f"  {attn:>11}: " + "".join("#" if j in seen else "." for j in range(16)) + f"   ({len(seen)} positions)")
-    lines.append(f"  swa_reach(2, 4) = {answer.swa_reach(2, 4)}: SWA sees back to position {15 - answer.swa_reach(2, 4)}")
-    return "\n".join(lines)

@@ -125,10 +125,7 @@ def after_pass(answer, **options):
     cfg = SIZES["bench --tiny (2 x 128, 2 heads, w=16, V=4096)"]
     lines = ["Prefill, Orthros against the Transformer, at perf/bench.py's --tiny size (2 layers, C=128, w=16), "
              "float32, 1 CPU thread, the fastest of 3 runs:", f"  {'T':>6} {'FLOP-limit speedup':>19} {'measured speedup':>17}"]
-    models = {}
-    for attn in ("transformer", "orthros"):
-        torch.manual_seed(0)
-        models[attn] = Orthros(dataclasses.replace(cfg, attn=attn, max_seq_len=4096)).eval()
+    models = {attn: Orthros(dataclasses.replace(cfg, attn=attn, max_seq_len=4096)).eval() for attn in ("transformer", "orthros")}
     for T in (1024, 2048, 4096):
         limit = answer.prefill_flops(dataclasses.replace(cfg, attn="transformer"), T) / \
             answer.prefill_flops(dataclasses.replace(cfg, attn="orthros"), T)

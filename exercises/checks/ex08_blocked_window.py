@@ -83,12 +83,8 @@ MUTANTS = [
     Mutant("q.view when T is whole blocks", "view size is not compatible",
            {"q = F.pad(q, (0, 0, 0, pad)).reshape(": "q = (F.pad(q, (0, 0, 0, pad)) if pad else q).view("}),
     Mutant("the band mask remembered per size, whatever the device", "after the same T and w on the CPU",
-           {DEF: "_BANDS = {}\n\n\ndef band(n_blocks, w, device):\n    if (n_blocks, w) not in _BANDS:   # one band per size\n"
-                 "        blk = torch.arange(n_blocks, device=device)[:, None, None]\n"
-                 "        q_pos = blk * w + torch.arange(w, device=device)[None, :, None]\n"
-                 "        k_pos = (blk - 1) * w + torch.arange(2 * w, device=device)[None, None, :]\n"
-                 "        _BANDS[n_blocks, w] = in_window(q_pos, k_pos, w) & (k_pos >= 0)\n"
-                 "    return _BANDS[n_blocks, w]\n\n\n" + DEF, MASK: "mask = band(n_blocks, w, q.device)"}),
+           {DEF: "_BANDS = {}   # one band mask per size\n\n\n" + DEF,
+            MASK: "mask = _BANDS.setdefault((n_blocks, w), in_window(q_pos, k_pos, w) & (k_pos >= 0))"}),
 ]
 ALSO_RIGHT = (SOLUTIONS / "ex08_blocked_window_also.py").read_text()   # a right answer written otherwise
 SIZES = [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (3, 8), (8, 4), (9, 4), (21, 8), (32, 8), (64, 64), (100, 7)]
