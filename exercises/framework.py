@@ -60,12 +60,9 @@ class Case:
 
 
 # A wrong answer: the stored solution with edits {old: new} (each old found once), or a whole source; expect: words its
-# report must contain (a Bug's: why it is wrong).
+# report must contain. A Bug, a known mistake, is named (with its expect: why it is wrong) when an answer fails like it.
 Mutant = collections.namedtuple("Mutant", "name expect edits source", defaults=(None, None))
-
-
-class Bug(Mutant):
-    """A known mistake, named (with its expect) in the report of an answer that fails a case as it does."""
+Bug = collections.namedtuple("Bug", Mutant._fields, defaults=(None, None))
 
 
 # status: "PASS", "FAIL", "not started", "waiting" (training runs), "ERROR" (the checker's); named: the bugs it fails like
@@ -148,7 +145,7 @@ def as_answer(spec, impl):
     """An Answer from an Answer, a Bug or Mutant (loaded as a student's file), or a namespace (REFERENCE: trusted)."""
     if isinstance(impl, Answer):
         return impl
-    if not isinstance(impl, Mutant):
+    if not isinstance(impl, (Mutant, Bug)):
         return Answer({f: getattr(impl, f) for f in spec.FUNCTIONS}, trusted=impl is spec.REFERENCE)
     source = solved_source(spec) if impl.source is None else impl.source
     for old, new in (impl.edits or {}).items():
@@ -534,7 +531,7 @@ def checker_failure(case, error):
             f"\n  {one_line(error)}{where}\n  This is a bug in the checker: please show this message to your teacher.")
 
 
-# What the checks share: tiny models drawn in float64, inputs, probes, a look at what the blocks are handed
+# What the checks share: tiny models drawn in float64, inputs, a look at what the blocks are handed
 
 def tiny_model(attn="orthros", seed=0, dtype=torch.float64, **overrides):
     """A tiny model in eval mode, its weights drawn in dtype (float64: values float32 cannot hold), its scale-offsets
@@ -561,21 +558,6 @@ def tokens(B, T, vocab=37, seed=0):
 
 def randn(*shape, seed=0):
     return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
-
-
-def dependence(mine, right, inputs, variants):
-    """Which variants [(name, changed inputs)] of the inputs mine(inputs) ignores, or follows where right does not."""
-    ours, theirs, notes = mine(inputs), right(inputs), []
-    for name, changed in variants:
-        try:
-            moved = mine(changed) != ours
-        except Exception:
-            continue
-        should = right(changed) != theirs
-        if should != moved:
-            notes.append(f"it {'does not change' if should else 'changes'} with {name}, the reference's "
-                         f"{'does' if should else 'does not'}")
-    return notes
 
 
 @contextlib.contextmanager

@@ -76,15 +76,15 @@ def copy_of_the_repository(root, commit_all):
     """The working tree's files in root, committed there; then every exercise solved both in exercises/mine/ (one
     half-finished: it raises) and in place, in exercises/exNN_*.py; a twelfth exercise written as its three files alone
     (the template `new` writes); with commit_all, all of it committed (`git commit -am "my answers"`)."""
+    git = lambda *args: subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c",
+                                        "commit.gpgsign=false", *args], cwd=root, check=True, capture_output=True, text=True)
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                             capture_output=True, text=True, check=True).stdout.split("\0")
     for name in filter(lambda name: name and (REPO / name).is_file(), listed):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, root / name)
-    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "commit.gpgsign=false"]
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    subprocess.run(git + ["add", "-A"], cwd=root, check=True)
-    subprocess.run(git + ["commit", "-qm", "the exercises as the class got them"], cwd=root, check=True)
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "the exercises as the class got them"]):
+        git(*args)
     (root / "exercises" / "mine").mkdir()
     for n, name in EXERCISES.items():
         solved = framework.solved_source(load_spec(n))
@@ -92,12 +92,9 @@ def copy_of_the_repository(root, commit_all):
         (root / "exercises" / "mine" / f"{name}.py").write_text(solved.replace("    return ", "    1 / 0\n    return ", 1) if n == 3 else solved)
     for folder, text in (("stubs", cli.STUB), ("solutions", cli.SOLUTION), ("checks", cli.CHECKER)):
         (root / "exercises" / folder / "ex12_tiny_lab.py").write_text(text.replace("NN", "12").replace("STEM", "ex12_tiny_lab"))
-    if commit_all:
-        subprocess.run(git + ["add", "-A"], cwd=root, check=True)
-        subprocess.run(git + ["commit", "-qm", "my answers"], cwd=root, check=True)
-    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root, capture_output=True,
-                             text=True, check=True).stdout.split()
-    return sorted(set(changed) - {"??"})
+    for args in [["add", "-A"], ["commit", "-qm", "my answers"]] if commit_all else []:
+        git(*args)
+    return sorted(set(git("status", "--porcelain", "--untracked-files=all").stdout.split()) - {"??"})
 
 
 def test_the_exercise_tests_stay_green_in_a_copy_with_solutions_in_place_and_a_twelfth_exercise(tmp_path):

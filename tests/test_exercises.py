@@ -27,6 +27,14 @@ BUGS = [(n, bug.name) for n in NUMBERS for bug in load_spec(n).BUGS]
 NO_RUNS = {"runs": {"swa": "/nowhere/swa", "orthros": "/nowhere/orthros"}}   # the recall lab then waits
 
 
+def test_the_recall_lab_passes_on_trained_runs(recall_runs):
+    """The recall lab's reference passes its check on the two runs trained in this test session, whatever their task's
+    window, depth and vocabulary (its checker reads them from the runs)."""
+    spec = load_spec(10)
+    result = framework.check(spec, spec.REFERENCE, runs={attn: str(path) for attn, path in recall_runs.items()})
+    assert result.status == "PASS" and "beyond n_layer * w" in result.message, result.message
+
+
 @pytest.mark.parametrize("n", NUMBERS, ids=IDS)
 def test_the_stored_solution_file_passes_its_check(n):
     """The whole file `solution N --show` prints, checked as a student's file, passes (the recall lab: its made-up
@@ -35,14 +43,6 @@ def test_the_stored_solution_file_passes_its_check(n):
     answer = framework.load_answer(spec, framework.solved_source(spec), f"/nowhere/{EXERCISES[n]}.py")
     result = framework.check(spec, answer, **NO_RUNS)
     assert result.status == ("waiting" if hasattr(spec, "DEFAULT_RUNS") else "PASS"), result.message
-
-
-def test_the_recall_lab_passes_on_trained_runs(recall_runs):
-    """The recall lab's reference passes its check on the two runs trained in this test session, whatever their task's
-    window, depth and vocabulary (its checker reads them from the runs)."""
-    spec = load_spec(10)
-    result = framework.check(spec, spec.REFERENCE, runs={attn: str(path) for attn, path in recall_runs.items()})
-    assert result.status == "PASS" and "beyond n_layer * w" in result.message, result.message
 
 
 @pytest.mark.parametrize("n", NUMBERS, ids=IDS)

@@ -30,7 +30,6 @@ HINTS = [
 ]
 
 TWINS = "z = torch.cat([x, x[:, T - t_out:]], dim=1)"
-TABLES = "rope_cos_sin(positions, head_dim, model.config.rope_base, model.wte.weight.dtype)"
 BUGS = [
     Bug("the first t_out duplicated", "x[:, :t_out] copies the first embeddings, not the last: the output tokens must be "
         "the twins of the positions whose next token is predicted.", {TWINS: "z = torch.cat([x, x[:, :t_out]], dim=1)"}),

@@ -4,9 +4,8 @@ import random
 
 import torch
 
-from data.sft import collate, load_examples
-from data.tokenizer import get_tokenizer
-from exercises.framework import REPO, SOLUTIONS, Bug, Case, Mutant, tiny_model, tokens, using
+from data.sft import collate
+from exercises.framework import SOLUTIONS, Bug, Case, Mutant, tiny_model, tokens, using
 from exercises.solutions import ex03_t_out_regimes as solution
 
 TITLE, DIFFICULTY, MINUTES = "The t_out regimes", 2, 30
@@ -139,15 +138,3 @@ def rows_per_layer(attn, regime, T, t_out):
             model(tokens(1, T), t_out=1 if regime == "prefill" else t_out)
     return rows[0]
 
-
-def after_pass(answer, **options):
-    """What the split saves on the repo's own SFT example data, with your two functions."""
-    examples, _ = load_examples(REPO / "data" / "sft_example" / "train.jsonl", get_tokenizer("byte"), max_len=128)
-    orthros = pretraining = 0
-    for b in range(0, len(examples), 16):
-        x, y, _ = collate(examples[b:b + 16])
-        orthros += answer.tokens_through_layers("orthros", x.size(1), answer.smallest_t_out(y))
-        pretraining += answer.tokens_through_layers("orthros", x.size(1), x.size(1))
-    return (f"The repo's SFT example data (data/sft_example/train.jsonl, {len(examples)} examples, batches of 16):\n"
-            f"  with the smallest t_out, Orthros runs {orthros:,} tokens through each layer; with t_out = T (2T a "
-            f"batch), {pretraining:,}: {1 - orthros / pretraining:.0%} fewer.")

@@ -110,12 +110,12 @@ def cases(**options):
                        f"of shape {f'({B}, 1)' if column else f'({B},)'}; idx of shape ({B}, {T}), {name}, w={c.window}, "
                        f"{c.n_layer} layers", dict(model=models[i], idx=tokens(B, T, seed=B), p=p, column=column), decoded,
                        INVARIANT, expected=trained, dtype=dtype, output="your steps' result")
-    with torch.device("meta"):   # built once, when a check gets here: every operation on meta runs in Python
+    with torch.device("meta"):   # built once, when a check gets here (meta: shapes, no values)
         paper = Orthros(OrthrosConfig(**PAPER_SIZE)).eval()
-    yield Case("a decode_step on the meta device after 300 positions (a KVCache whose layers hold k, v of shape (2, 6, 300, "
-               f"128), cache.length = 300): 2 layers at {PAPER}, next_idx of shape (2,)", lambda: dict(model=paper,
-               next_idx=torch.zeros(2, dtype=torch.long)), decoded_on_meta, "the logits (B, 1, vocab) made where the model "
-               "is (here: meta, where only shapes exist)", device="meta", output="your logits")
+    yield Case(f"prefill(idx[:, :300]), then a decode_step on the meta device: 2 layers at {PAPER}, next_idx of shape (2,)",
+               lambda: dict(model=paper, idx=torch.zeros(2, 301, dtype=torch.long), p=300, column=False), decoded,
+               "the logits (B, 1, vocab) and the cache made where the model is (here: meta, where only shapes exist)",
+               expected=trained, device="meta", output="your steps' result")
 
 
 def decoded(answer, model, idx, p, column):
@@ -157,13 +157,3 @@ def carried(given, state, i):
         return (f"a layer cache whose conv_state is {short(got, 40)}, not the state cache.layers[{i}].conv_state held "
                 "before this step: the convolution's state (its last k-1 inputs) must carry over from step to step")
 
-
-def decoded_on_meta(answer, model, next_idx, S=300):
-    """One decode step of the paper's model on the meta device, after a cache of S positions made by hand (a prefill on
-    meta would cost seconds: every meta operation runs in Python)."""
-    cache = KVCache(model, next_idx.size(0))
-    for layer in cache.layers:
-        layer.k, layer.v = (torch.empty(next_idx.size(0), model.config.n_head, S, model.config.n_embd // model.config.n_head,
-                                        device=next_idx.device) for _ in range(2))
-    cache.length = S
-    return answer.decode_step(model, next_idx, cache)[0]
