@@ -18,7 +18,6 @@ import functools
 import importlib
 import inspect
 import itertools
-import linecache
 import math
 import re
 import sys
@@ -111,7 +110,6 @@ def load_answer(spec, source, filename):
     """A student's file run as a module, guarded; refused if it imports from exercises/ or holds a refused function."""
     filename, where = str(filename), relpath(filename)
     ANSWER_FILES.add(filename)
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)   # tracebacks show it
     module = types.ModuleType(f"_exercise_answer_{next(_loaded)}")
     module.__file__, sys.modules[module.__name__] = filename, module   # for what needs its module (dataclasses)
     try:
@@ -309,7 +307,7 @@ def run_case(spec, case, functions, truth):
     try:
         out = called(case, functions, inputs)
         outcome = Outcome(out, case.holds(out) if case.holds else case.compare(out, truth) if case.compare else
-                          form_difference(out, truth, case.output) or value_difference(out, truth))
+                          difference(out, truth, case.output))
     except Wrong as e:
         outcome = Outcome(problem=str(e), kind="wrong")
     except Refused as e:
@@ -389,7 +387,7 @@ def changes(spec, before, inputs):
             was, now = old.get(path, GONE), new.get(path, GONE)
             if was is GONE or now is GONE:
                 what = "is new: it was not there before" if was is GONE else "is gone"
-            elif isinstance(was, torch.Tensor) and not form_difference(now, was):
+            elif isinstance(was, torch.Tensor) and not difference(now, was, values=False):
                 differ = (was != now) & ~(was.isnan() & now.isnan()) if was.device.type != "meta" else torch.zeros(())
                 what = f"changed in place ({int(differ.sum())} of {was.numel()} entries differ)" if differ.any() else None
             elif isinstance(was, torch.Tensor) or isinstance(now, torch.Tensor):
@@ -407,42 +405,40 @@ def changes(spec, before, inputs):
 
 # Forms and values, in words
 
-def form_difference(out, ref, label="your output"):
-    """What differs between out's form and ref's (type; shape, dtype, device; length, keys), in words, or None."""
+def difference(out, ref, label="your output", values=True):
+    """What differs between out and ref, in words, or None: their forms first (the type; a tensor's shape, dtype and
+    device; a container's length or keys, and its items' forms), then their values (to TOLERANCE) unless values=False."""
     be, have = ("are", "have") if re.search(r"[^s]s$", label.split()[-1]) else ("is", "has")
-    if isinstance(ref, torch.Tensor):
-        if not isinstance(out, torch.Tensor):
-            return f"{label} {be} {describe(out)}, expected {describe(ref)}"
-        for what, mine, theirs in (("shape", tuple(out.shape), tuple(ref.shape)), ("dtype", out.dtype, ref.dtype)):
-            if mine != theirs:
-                return f"{label} {have} {what} {mine}, expected {theirs}"
-        return None if out.device.type == ref.device.type else f"{label} {be} on {out.device.type}, expected {ref.device.type}"
     if isinstance(ref, (tuple, list, dict)):
         if not isinstance(out, dict if isinstance(ref, dict) else (tuple, list)) or len(out) != len(ref):
             return f"{label} {be} {describe(out)}, expected {describe(ref)}"
         if isinstance(ref, dict) and set(out) != set(ref):
             return (f"{label} {have} the keys {short(sorted(map(str, set(out) - set(ref))), 100)} too many, "
                     f"{short(sorted(map(str, set(ref) - set(out))), 100)} missing")
-        keys = ref if isinstance(ref, dict) else range(len(ref))
-        labels = (f"{label}[{k!r}]" if isinstance(ref, dict) else f"item {k} of {label}" for k in keys)
-        return next(filter(None, (form_difference(out[k], ref[k], name) for k, name in zip(keys, labels))), None)
-    if type(out) is type(ref) or isinstance(ref, float) and type(out) is int:
-        return None
-    if isinstance(ref, (bool, int, float, str, type(None))) or not isinstance(out, type(ref)):
-        return f"{label} {be} {describe(out)}, expected {describe(type(ref))}"
-    return None
-
-
-def value_difference(out, ref):
-    """None when out's values equal ref's (to TOLERANCE), else the first difference, in words (out has ref's form)."""
-    if isinstance(ref, (dict, list, tuple)):
-        for k in (ref if isinstance(ref, dict) else range(len(ref))):
-            problem = value_difference(out[k], ref[k])
+        keys = list(ref) if isinstance(ref, dict) else range(len(ref))
+        names = {k: f"{label}[{k!r}]" if isinstance(ref, dict) else f"item {k} of {label}" for k in keys}
+        form = next(filter(None, (difference(out[k], ref[k], names[k], False) for k in keys)), None)
+        if form or not values:
+            return form
+        for k in keys:
+            problem = difference(out[k], ref[k], names[k])
             if problem:
                 return f"at [{k!r}]: {problem}" if isinstance(ref, dict) else f"at item {k}: {problem}"
         return None
     if isinstance(ref, torch.Tensor):
-        return tensor_difference(out, ref)
+        if not isinstance(out, torch.Tensor):
+            return f"{label} {be} {describe(out)}, expected {describe(ref)}"
+        for what, mine, theirs in (("shape", tuple(out.shape), tuple(ref.shape)), ("dtype", out.dtype, ref.dtype)):
+            if mine != theirs:
+                return f"{label} {have} {what} {mine}, expected {theirs}"
+        if out.device.type != ref.device.type:
+            return f"{label} {be} on {out.device.type}, expected {ref.device.type}"
+        return tensor_difference(out, ref) if values else None
+    if type(out) is not type(ref) and not (isinstance(ref, float) and type(out) is int):
+        if isinstance(ref, (bool, int, float, str, type(None))) or not isinstance(out, type(ref)):
+            return f"{label} {be} {describe(out)}, expected {describe(type(ref))}"
+    if not values:
+        return None
     close = math.isclose(out, ref, abs_tol=TOLERANCE[torch.float64]) if isinstance(ref, float) else out == ref
     off = " (off by one)" if type(ref) is int and type(out) is int and abs(out - ref) == 1 else ""
     return None if close else f"yours {short(out)}, the reference {short(ref)}{off}"
@@ -463,11 +459,10 @@ def tensor_difference(out, ref, atol=None, rtol=None):
     text = f"{int(bad.sum())} of {bad.numel()} entries differ"
     if not ref.is_floating_point():
         return f"{text}; the first at index {at}: yours {out[at].item()}, the reference {ref[at].item()}"
-    digits = 6 if f"{out[at].item():.6g}" != f"{ref[at].item():.6g}" else 12
     rounding = " (about float32's rounding: does a step go through float32?)" \
         if ref.dtype == torch.float64 and 1e-12 < gap[at] <= 1e-6 * max(1.0, abs(ref[at].item())) else ""
-    return (f"{text}; the largest difference, {gap[at]:.3g}{rounding}, at index {at}: yours {out[at].item():.{digits}g}, "
-            f"the reference {ref[at].item():.{digits}g}; allowed {atol:g}" + (f" + {rtol:g} x |reference|" if rtol else ""))
+    return (f"{text}; the largest difference, {gap[at]:.3g}{rounding}, at index {at}: yours {out[at].item():.6g}, "
+            f"the reference {ref[at].item():.6g}; allowed {atol:g}" + (f" + {rtol:g} x |reference|" if rtol else ""))
 
 
 def describe(value):
@@ -524,8 +519,7 @@ def failure(case, outcome, named):
 
 
 def checker_failure(case, error):
-    frames = traceback.extract_tb(error.__traceback__)
-    frames = [f for f in frames if f.filename.startswith(str(HERE))] or frames
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename.startswith(str(HERE))]
     where = f" (at {relpath(frames[-1].filename)}, line {frames[-1].lineno})" if frames else ""
     return (f"ERROR. The checker's own code failed on this case, not your code:\n  {case.what if case else 'outside the cases'}"
             f"\n  {one_line(error)}{where}\n  This is a bug in the checker: please show this message to your teacher.")
@@ -561,9 +555,8 @@ def randn(*shape, seed=0):
 
 
 @contextlib.contextmanager
-def handed_to_blocks(model, B, rows, T, why, more=None):
-    """Check what the answer hands each block before the block runs: z (B, rows, C) (rows None: any), T, and more(block
-    index, its arguments) -> None or what is wrong."""
+def handed_to_blocks(model, B, rows, T, why):
+    """Check what the answer hands each block before the block runs: z of shape (B, rows, C) (rows None: any), and T."""
     def check(block, args, kwargs):
         given = inspect.signature(block.forward).bind(*args, **kwargs).arguments
         z, i = given.get("z"), list(model.blocks).index(block)
@@ -573,9 +566,6 @@ def handed_to_blocks(model, B, rows, T, why, more=None):
         if given.get("T") != T:
             raise Wrong(f"your code hands block {i} T={given.get('T')!r}, expected {T}: T counts the base tokens, the "
                         f"first T rows of z ({why})")
-        problem = more and more(i, given)
-        if problem:
-            raise Wrong(f"your code hands block {i} {problem}")
     hooks = [block.register_forward_pre_hook(checker_hook(check), with_kwargs=True) for block in model.blocks]
     try:
         yield

@@ -8,7 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import orthros
-from exercises.framework import (SOLUTIONS, Bug, Case, Mutant, Wrong, form_difference, randn, tensor_difference, tiny_model,
+from exercises.framework import (SOLUTIONS, Bug, Case, Mutant, Wrong, difference, randn, tensor_difference, tiny_model,
                                  tokens)
 
 TITLE, DIFFICULTY, MINUTES = "The sliding window in O(T w)", 4, 50
@@ -137,7 +137,7 @@ def explained(answer, q, k, v, window):
     """The answer's output; when its values are not eq. 4's, what its first wrong query row is (a wrong form: the
     framework reports it)."""
     out, right = answer.blocked_sliding_window_attention(q, k, v, window), orthros.reference_attention(q, k, v, window)
-    problem = not form_difference(out, right) and tensor_difference(out, right)
+    problem = not difference(out, right, values=False) and tensor_difference(out, right)
     if problem:
         raise Wrong(f"{problem}\n  what yours computes: {first_wrong_row(out, q, k, v, window)}")
     return out
@@ -161,7 +161,7 @@ def with_dropout(answer, q, k, v, window, dropout_p):
     """The answer's output with dropout after torch.manual_seed(0); one that equals the output without dropout fails."""
     torch.manual_seed(0)
     out = answer.blocked_sliding_window_attention(q, k, v, window, dropout_p)
-    if not form_difference(out, q) and torch.allclose(out, orthros.reference_attention(q, k, v, window)):
+    if not difference(out, q, values=False) and torch.allclose(out, orthros.reference_attention(q, k, v, window)):
         raise Wrong(f"your output with dropout_p={dropout_p} equals the output without dropout: pass dropout_p on to "
                     "scaled_dot_product_attention")
     return out

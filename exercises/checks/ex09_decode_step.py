@@ -2,8 +2,8 @@
 
 import torch
 
-from exercises.framework import (SOLUTIONS, Bug, Case, Mutant, Wrong, describe, form_difference, handed_to_blocks, short,
-                                 tiny_model, tokens)
+from exercises.framework import (SOLUTIONS, Bug, Case, Mutant, Wrong, describe, difference, handed_to_blocks, tiny_model,
+                                 tokens)
 from exercises.solutions import ex09_decode_step as solution
 from orthros import KVCache, Orthros, OrthrosConfig
 from perf import engine
@@ -79,7 +79,8 @@ MUTANTS = [
     Mutant("the positions made on the CPU", "is not on the expected device meta", {"device=x.device)": "device='cpu')"}),
 ]
 ALSO_RIGHT = (SOLUTIONS / "ex09_decode_step_also.py").read_text()   # a right answer written otherwise
-OTHER = "attn='orthros', 4 heads, n_embd=24, rope_base=500.0, dropout=0.1 (eval mode), vocab_size=50, conv_kernel=2, seed 1"
+OTHER = ("attn='orthros', 4 heads, n_embd=24, rope_base=500.0, dropout=0.1 (eval mode), vocab_size=50, conv_kernel=2, "
+         "seed 1")
 MODELS = [   # (name, attn, overrides, dtype)
     ("attn='orthros'", "orthros", {}, None), ("attn='orthros', conv_kernel=3", "orthros", dict(conv_kernel=3), None),
     ("attn='swa'", "swa", {}, None), ("attn='transformer'", "transformer", {}, None),
@@ -96,7 +97,7 @@ ONE_TOKEN = "one new token per sequence: z is (B, rows, C), its base twin the fi
 
 
 INVARIANT = ("train == decode: after the steps the cache (compared first: cache.length, the next token's position, then "
-             "each layer's keys, values and conv_state) equals that of prefill(idx) over the whole sequence, and each step's "
+             "each layer's conv_state, keys and values) equals that of prefill(idx) over the whole sequence, and each step's "
              "logits equal the training forward's at its position (the LM head reads Orthros's output twin, z's last row; "
              "the baselines have no twin)")
 
@@ -123,12 +124,11 @@ def decoded(answer, model, idx, p, column):
     run: the cache after them, and each step's logits."""
     (B, T), full, (_, cache), steps = idx.shape, model(idx)[0].detach(), model.prefill(idx[:, :p]), []
     for t in range(p, T):
-        states = [None if layer.conv_state is None else layer.conv_state.clone() for layer in cache.layers]
-        with handed_to_blocks(model, B, None, 1, ONE_TOKEN, lambda i, given: carried(given, states[i], i)):
+        with handed_to_blocks(model, B, None, 1, ONE_TOKEN):
             step = answer.decode_step(model, idx[:, t:t + 1] if column else idx[:, t], cache)
         if not isinstance(step, tuple) or len(step) != 2 or not isinstance(step[1], KVCache):
             raise Wrong(f"your decode_step returned {describe(step)}, expected (logits, cache), the cache a KVCache")
-        problem = form_difference(step[0], full[:, t:t + 1], "your logits")
+        problem = difference(step[0], full[:, t:t + 1], "your logits", values=False)
         if problem:
             raise Wrong(problem)
         steps.append(step[0])
@@ -144,16 +144,5 @@ def trained(model, idx, p, column):
 
 def contents(cache, logits):
     layers = {f"cache.layers[{l}].{name}": getattr(layer, name) for l, layer in enumerate(cache.layers)
-              for name in ("k", "v", "conv_state") if getattr(layer, name, None) is not None}
+              for name in ("conv_state", "k", "v") if getattr(layer, name, None) is not None}
     return {"cache.length": cache.length, **layers, "logits": logits}
-
-
-def carried(given, state, i):
-    """What is wrong with the layer cache block i is handed (its layer's, the convolution's state as the step found it)."""
-    if given.get("cache") is None:
-        return f"no layer cache: give it cache.layers[{i}], which it reads and appends the new key and value to"
-    got = getattr(given["cache"], "conv_state", None)
-    if state is not None and not (isinstance(got, torch.Tensor) and got.shape == state.shape and torch.equal(got, state)):
-        return (f"a layer cache whose conv_state is {short(got, 40)}, not the state cache.layers[{i}].conv_state held "
-                "before this step: the convolution's state (its last k-1 inputs) must carry over from step to step")
-
