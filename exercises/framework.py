@@ -233,7 +233,7 @@ def using(what):
 
 # Running the cases
 
-CACHE = {}   # what the checks of one process share: each spec's cases, built once, and their right outputs
+CACHE = {}   # what the checks of one process share: each spec's cases and their right outputs
 POOL = {}    # id(case) -> inputs an answer's run left as they were made (a deep copy of a model costs many forwards)
 
 
@@ -276,24 +276,18 @@ def run_cases(spec, impl, summary, options):
 
 
 def cases_of(spec, options):
-    """(case, its right output on demand) for spec.cases(**options), each built when first reached, and kept."""
+    """(case, its right output on demand) for each of spec.cases(**options): built once a process, and kept."""
     key = (id(spec), repr(sorted(options.items())))
     if key not in CACHE:
-        CACHE[key] = SimpleNamespace(spec=spec, new=iter(spec.cases(**options)), cases=[], truths={})
-    kept = CACHE[key]
+        CACHE[key] = (spec, list(spec.cases(**options)), {})   # (the spec: its id stays its own)
+    _, cases, truths = CACHE[key]
 
     def truth(i, case):   # the right output, once: expected(**inputs), or the reference's call, on its own inputs
-        if i not in kept.truths and not (case.holds and not case.expected):
+        if i not in truths and not (case.holds and not case.expected):
             inputs = fresh(case)
-            kept.truths[i] = case.expected(**inputs) if case.expected else called(case, spec.REFERENCE, inputs)
-        return kept.truths.get(i)
-    for i in itertools.count():
-        if i == len(kept.cases):
-            kept.cases.append(next(kept.new, None))
-        if kept.cases[i] is None:
-            kept.cases.pop()
-            return
-        yield kept.cases[i], functools.partial(truth, i, kept.cases[i])
+            truths[i] = case.expected(**inputs) if case.expected else called(case, spec.REFERENCE, inputs)
+        return truths.get(i)
+    return [(case, functools.partial(truth, i, case)) for i, case in enumerate(cases)]
 
 
 def called(case, answer, inputs):
@@ -526,6 +520,12 @@ def checker_failure(case, error):
 
 
 # What the checks share: tiny models drawn in float64, inputs, a look at what the blocks are handed
+
+def change(old, new):
+    """new - old, for a probe case: how the answer's number moves (what the subtraction raises is the answer's failure)."""
+    with using("subtracting your two numbers"):
+        return new - old
+
 
 def tiny_model(attn="orthros", seed=0, dtype=torch.float64, **overrides):
     """A tiny model in eval mode, its weights drawn in dtype (float64: values float32 cannot hold), its scale-offsets

@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def mine(tmp_path, monkeypatch):
     """The student's folder, empty: exercises/mine/ of a class that has not started."""
-    monkeypatch.setattr(framework, "MINE", tmp_path / "mine")
-    monkeypatch.setattr(cli, "MINE", tmp_path / "mine")
+    for module in (framework, cli):
+        monkeypatch.setattr(module, "MINE", tmp_path / "mine")
     return tmp_path / "mine"
 
 

@@ -5,7 +5,7 @@ import random
 import torch
 
 from data.sft import collate
-from exercises.framework import SOLUTIONS, Bug, Case, Mutant, tiny_model, tokens, using
+from exercises.framework import SOLUTIONS, Bug, Case, Mutant, tiny_model, tokens
 from exercises.solutions import ex03_t_out_regimes as solution
 
 TITLE, DIFFICULTY, MINUTES = "The t_out regimes", 2, 30
@@ -106,12 +106,6 @@ def cases(**options):
                           invariant="t_out is the smallest suffix of columns that holds every target (data.sft.collate's "
                                     "t_out); targets are -1 where nothing is trained (data.sft.IGNORE), any other value, 0 "
                                     "included, is a target; 1 when nothing is trained"))
-    x, y, _ = collate(batches()[2][1])
-    found.append(Case("model(x, targets, t_out=smallest_t_out(targets))[1] on the two-example batch",
-                      dict(model=tiny_model("orthros"), x=x, targets=y), sft_loss, output="the loss",
-                      invariant="the SFT loss with the smallest t_out equals the loss with t_out = T (the output positions "
-                                "before the first target change nothing)",
-                      expected=lambda model, x, targets: model(x, targets, t_out=x.size(1))[1].detach()))
     for attn in ("orthros", "swa", "transformer"):
         found += [Case(f"tokens_through_layers({attn!r}, T={T}, t_out={t_out}): {regime}", dict(attn=attn, T=T, t_out=t_out),
                        "tokens_through_layers", ROWS, output="your count",
@@ -120,21 +114,12 @@ def cases(**options):
     return found
 
 
-def sft_loss(answer, model, x, targets):
-    t_out = answer.smallest_t_out(targets)
-    with using(f"model(x, targets, t_out={t_out}) with your t_out"), torch.no_grad():   # orthros.py may refuse it
-        return model(x, targets, t_out=t_out)[1]
-
-
 def rows_per_layer(attn, regime, T, t_out):
     """Run the regime on a tiny model, and count the rows its first block receives."""
     model, rows = tiny_model(attn, n_layer=1, max_seq_len=max(512, T)), []
     with torch.no_grad():
-        cache = model.prefill(tokens(1, 7))[1] if regime == "decode" else None
+        cache = model.prefill(tokens(1, 7))[1] if regime == "decode" else None   # then T = 1 new token over the cache
         model.blocks[0].register_forward_pre_hook(lambda block, args: rows.append(args[0].size(1)))
-        if regime == "decode":
-            model.decode(tokens(1, 1).flatten(), cache)
-        else:
-            model(tokens(1, T), t_out=1 if regime == "prefill" else t_out)
+        model(tokens(1, T), t_out=1 if regime == "prefill" else t_out, cache=cache)
     return rows[0]
 

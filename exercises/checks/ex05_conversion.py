@@ -112,7 +112,7 @@ def cases(**options):
 
 
 def structure(transformer, window, about="the Transformer", dtype=None):
-    """The converted model's config, weights, scale-offsets and storage, each a case."""
+    """The converted model's config, weights and scale-offsets, each a case."""
     def case(what, view, invariant, **more):
         return Case(f"{what}: model = convert(transformer, window={window}), transformer: {about}",
                     dict(transformer=transformer, window=window), lambda answer, transformer, window: view(
@@ -123,10 +123,7 @@ def structure(transformer, window, about="the Transformer", dtype=None):
                  "state dict", invariant="every Transformer weight copied exactly, under its own name, in its dtype"),
             case("the converted model's scale-offsets (the names the Transformer lacks)", lambda model, t: {
                 k: w for k, w in model.state_dict().items() if k not in t.state_dict()}, output="your model's scale-offsets",
-                invariant="the scale-offsets start at the identity, alpha = alpha' = 1, beta = beta' = 0"),
-            case("which of the converted model's tensors share memory with the Transformer's", sharing,
-                 "the converted model owns copies: training it must leave the Transformer unchanged",
-                 holds=lambda shared: f"{len(shared)} tensors are the Transformer's own, e.g. {shared[0]}" if shared else None)]
+                invariant="the scale-offsets start at the identity, alpha = alpha' = 1, beta = beta' = 0")]
 
 
 def logits_case(model, what, window, idx, t_out, dtype=None):
@@ -163,8 +160,3 @@ def converted_logits(answer, transformer, window, idx, t_out):
 def transformer_names(model, transformer):
     own = model.state_dict()
     return {k: own.get(k, "missing") for k in transformer.state_dict()}
-
-
-def sharing(model, transformer):
-    theirs = {p.untyped_storage().data_ptr() for p in transformer.state_dict().values()}
-    return [k for k, w in model.state_dict().items() if w.untyped_storage().data_ptr() in theirs]

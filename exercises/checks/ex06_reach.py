@@ -4,7 +4,7 @@ import functools
 
 import torch
 
-from exercises.framework import SOLUTIONS, Bug, Case, Mutant, describe, short, tiny_model, tokens, using
+from exercises.framework import SOLUTIONS, Bug, Case, Mutant, change, describe, short, tiny_model, tokens
 from exercises.solutions import ex06_reach as solution
 
 TITLE, DIFFICULTY, MINUTES = "How far each stream can see", 3, 30
@@ -85,7 +85,8 @@ INVARIANT = ("the positions whose token moves the logits at t: for SWA exactly t
 
 def cases(**options):
     yield Case("swa_reach(1, 3) - swa_reach(1, 2): how the reach changes as window goes from 2 to 3", dict(args=(1, 2),
-               changed=(1, 3)), change, "the measured reach's change: a window one larger reaches one further per layer",
+               changed=(1, 3)), lambda answer, args, changed: change(answer.swa_reach(*args), answer.swa_reach(*changed)),
+               "the measured reach's change: a window one larger reaches one further per layer",
                expected=lambda args, changed: measured_reach(*changed) - measured_reach(*args), output="your reach's change")
     yield from [Case(f"swa_reach(n_layer={n_layer}, window={window})" + (" (the paper's)" if window == 128 else ""),
                      dict(n_layer=n_layer, window=window), "swa_reach", "t minus the farthest position that moves a "
@@ -119,13 +120,6 @@ def compared(mine, right):
         return None if mine == right else f"yours {short(mine)}: the right positions, but not once each in order"
     return f"yours {short(mine)}, measured {short(right)}: position {wrong[0]} is " + \
         ("missing" if wrong[0] in right else "in yours, though changing its token leaves the logits at t as they were")
-
-
-def change(answer, args, changed):
-    """How the answer's reach changes from swa_reach(*args) to swa_reach(*changed)."""
-    old, new = answer.swa_reach(*args), answer.swa_reach(*changed)
-    with using("subtracting your two reaches"):
-        return new - old
 
 
 @functools.lru_cache(maxsize=None)

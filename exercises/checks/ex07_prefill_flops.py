@@ -7,7 +7,7 @@ from unittest import mock
 
 import torch
 
-from exercises.framework import SOLUTIONS, Bug, Case, Mutant, using
+from exercises.framework import SOLUTIONS, Bug, Case, Mutant, change
 from exercises.solutions import ex07_prefill_flops as solution
 from orthros import Orthros, OrthrosConfig
 from perf import bench
@@ -98,7 +98,8 @@ def cases(**options):
     for attn, field, old, new in PROBES:
         cfg = dataclasses.replace(tiny, attn=attn)
         yield Case(f"prefill_flops(cfg, T=5) as cfg.{field} goes from {old!r} to {new!r}: the change of the count, the tiny "
-                   f"config, {attn}", dict(cfg=cfg, changed=dataclasses.replace(cfg, **{field: new})), change,
+                   f"config, {attn}", dict(cfg=cfg, changed=dataclasses.replace(cfg, **{field: new})),
+                   lambda answer, cfg, changed: change(answer.prefill_flops(cfg, 5), answer.prefill_flops(changed, 5)),
                    f"your count changes with cfg.{field} exactly as perf/bench.py's does (not at all where it does not "
                    "depend on it)", expected=lambda cfg, changed: bench.forward_flops(changed, 5, 1) -
                    bench.forward_flops(cfg, 5, 1), output="the change of your count")
@@ -107,13 +108,6 @@ def cases(**options):
                      "base tokens, 4C per attended pair, the LM head (2 C V) at one position", output="your FLOP count",
                      expected=lambda cfg, T: bench.forward_flops(cfg, T, 1))
                 for name, cfg in configs for T in (1, 3, 4, 5, 7, 8, 100, 127, 128, 129, 300, 32768, 262144)]
-
-
-def change(answer, cfg, changed, T=5):
-    """How the answer's count changes from cfg to changed."""
-    old, new = answer.prefill_flops(cfg, T), answer.prefill_flops(changed, T)
-    with using("subtracting your two counts"):
-        return new - old
 
 
 def patched_forward_flops(answer, cfg, T, t_out):
