@@ -296,17 +296,12 @@ def output_positions(T, t_out):
 
 CHECKER = '''"""Exercise NN, the output positions: the checker."""
 
-from types import SimpleNamespace
-
 from exercises.framework import Bug, Case, Mutant
 from exercises.solutions import STEM as solution
 
-TITLE = "The output positions"
-DIFFICULTY = 1
-MINUTES = 10
-TEACHES = "the output tokens are the twins of the last t_out positions"
+TITLE, DIFFICULTY, MINUTES = "The output positions", 1, 10
 FUNCTIONS = ("output_positions",)
-REFERENCE = SimpleNamespace(output_positions=solution.output_positions)
+REFERENCE = solution   # the stored solution: its functions
 PAPER = "T=2048"
 HINTS = ["The output positions are a suffix of the sequence: the last t_out of its T positions.",
          "Positions count from 0: the last one is T - 1, the first of the last t_out is T - t_out.",
@@ -326,9 +321,8 @@ ALSO_RIGHT = "def output_positions(T, t_out):\\n    return [T - t_out + i for i 
 
 
 def cases(**options):
-    return [Case(f"output_positions(T={T}, t_out={t_out})", inputs=lambda T=T, t_out=t_out: dict(T=T, t_out=t_out),
-                 call=lambda answer, T, t_out: answer.output_positions(T, t_out), output="your positions",
-                 invariant="the last t_out of the T positions, T - t_out ... T - 1, in order")
+    return [Case(f"output_positions(T={T}, t_out={t_out})", dict(T=T, t_out=t_out), "output_positions",
+                 "the last t_out of the T positions, T - t_out ... T - 1, in order", output="your positions")
             for T, t_out in [(1, 1), (5, 1), (5, 3), (5, 5), (2048, 300)]]
 '''
 

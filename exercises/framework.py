@@ -1,12 +1,12 @@
 """The checker every exercise shares (an exercise's three files, and the parts of a checker: exercises/README.md).
 
-A check runs the checker's cases, smallest first, on an answer (a student's file; a bug or mutant, the stored solution
+A check runs the checker's cases, smallest first, on an answer (a student's file; a bug or mutant: the stored solution
 with edits; the reference), each on its own deep copy of the inputs. What the answer returns is compared with the
 reference's output (or expected(**inputs)): its form first (type; shape, dtype, device; length or keys), then its values
-(to TOLERANCE, by dtype); or compare(output, right) or holds(output) says what is wrong. The inputs
-must come back unchanged. While the answer runs, the reference and FORBIDDEN raise however reached (their __code__ is
-swapped); a file that imports from exercises/ is refused. What the checker's own code raises is its error, never the
-student's, but in `with using("your model(idx)")` (code that uses what the answer returned) and Wrong("...") (words).
+(to TOLERANCE); or compare(output, right) or holds(output) says what is wrong. The inputs must come back unchanged.
+While the answer runs, the reference and FORBIDDEN raise however reached (their __code__ is swapped); a file that
+imports from exercises/ is refused. What the checker's own code raises is its error, never the student's, but in
+`with using("your model(idx)")` (code that uses what the answer returned) and Wrong("...") (a failure in words).
 """
 
 import ast
@@ -238,8 +238,7 @@ POOL = {}    # id(case) -> inputs an answer's run left as they were made (a deep
 
 
 def check(spec, impl, summary=True, **options):
-    """Run spec's cases on impl (an Answer, the reference, a Bug or Mutant) in one CPU thread (the models are tiny: a
-    second thread only waits); then, with summary, what spec.after_pass says."""
+    """Run spec's cases on impl (an Answer, the reference, a Bug or Mutant) in one CPU thread; then spec.after_pass."""
     threads, start = torch.get_num_threads(), time.perf_counter()
     torch.set_num_threads(1)
     try:
@@ -268,7 +267,7 @@ def run_cases(spec, impl, summary, options):
         except Exception as e:
             if not getattr(e, "by_answer", False):
                 raise
-            return Result("PASS", f"(The summary after the checks could not run: your code raised {one_line(e)}{answer_line(e)})")
+            return Result("PASS", f"(The summary could not run: your code raised {one_line(e)}{answer_line(e)})")
     except NotReady as e:
         return Result("waiting", str(e))
     except Exception as e:   # the checker's own code (a KeyboardInterrupt is no Exception: it stops the check)
@@ -333,11 +332,11 @@ def same_failure(spec, bug, case, truth, outcome):
 
 def fresh(case):
     """A deep copy of case.inputs(), built on the case's device and converted to its dtype."""
-    def place(value):   # a tensor or a module, on the case's device, its floating point numbers in its dtype
-        if isinstance(value, (torch.Tensor, nn.Module)):
-            value = value.to(case.device) if case.device else value
-            return value.to(case.dtype) if case.dtype and (isinstance(value, nn.Module) or value.is_floating_point()) else value
-        return value
+    def place(x):   # a tensor or a module, on the case's device, its floating point numbers in its dtype
+        if isinstance(x, (torch.Tensor, nn.Module)):
+            x = x.to(case.device) if case.device else x
+            return x.to(case.dtype) if case.dtype and (isinstance(x, nn.Module) or x.is_floating_point()) else x
+        return x
     with torch.device(case.device) if case.device else contextlib.nullcontext():
         inputs = case.inputs() if callable(case.inputs) else case.inputs   # made here: on the case's device
     return {name: place(value) for name, value in copy.deepcopy(inputs).items()}
@@ -477,8 +476,6 @@ def short(x, limit=160):
 
 
 def one_line(error):
-    if isinstance(error, SyntaxError):
-        return f"SyntaxError: {error.msg} (line {error.lineno})"
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
@@ -528,8 +525,7 @@ def change(old, new):
 
 
 def tiny_model(attn="orthros", seed=0, dtype=torch.float64, **overrides):
-    """A tiny model in eval mode, its weights drawn in dtype (float64: values float32 cannot hold), its scale-offsets
-    and convolution off their identity start."""
+    """A tiny model in eval mode, its weights drawn in dtype (float64: what float32 cannot hold), scale-offsets moved."""
     config = orthros.OrthrosConfig(**{**dict(vocab_size=37, n_layer=2, n_head=2, n_embd=16, window=4, attn=attn,
                                              max_seq_len=512), **overrides})
     default = torch.get_default_dtype()

@@ -1,8 +1,6 @@
 """
-The exercise checkers, proven by the wrong answers they reject and the right answers they accept (declared in each
-checker: MUTANTS, PAPER, ALSO_RIGHT): 1. every mutant fails, its report containing its `expect`, at least five per
-exercise, one a shortcut (a refused call or import), none failing as a known bug does (then it would be that bug);
-the score is printed. 2. Each checker has a case at the paper's sizes. 3. A right answer written otherwise passes.
+The exercise checkers, proven by the wrong answers they reject (MUTANTS: each fails as it `expect`s, none as a known
+bug does; the score is printed) and the right answers they accept (ALSO_RIGHT), with a case at the paper's sizes (PAPER).
 """
 
 import pytest

@@ -1,8 +1,6 @@
-"""
-A student's workflow: `start N` copies the stub into exercises/mine/ (git-ignored), `check N` checks that copy, and
-says so when an answer was written in place instead; a teacher's `new NAME` writes an exercise's three files. The
-exercise tests stay green whatever the student's files hold, committed or not, with a new exercise added by its files.
-"""
+"""A student's workflow: `start N` copies the stub into exercises/mine/, `check N` checks that copy (and says so when an
+answer was written in place); a teacher's `new NAME` writes an exercise's three files. The exercise tests stay green
+whatever the student's files hold, committed or not, with a new exercise added by its three files."""
 
 import os
 import shutil
@@ -109,10 +107,8 @@ def test_the_exercise_tests_stay_green_in_a_copy_with_solutions_in_place_and_a_t
                                                        + [f"exercises/{name}.py" for name in EXERCISES.values()]))
         runs[committed] = subprocess.Popen(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_exercises.py",
-             "tests/test_exercise_mutants.py", "-k",
-             "stub or command_line or syllabus or ex12"],
-            cwd=root, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True)
+             "tests/test_exercise_mutants.py", "-k", "stub or command_line or syllabus or ex12"], cwd=root,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for committed, run in runs.items():
         out = run.communicate(timeout=600)[0]
         assert run.returncode == 0, f"committed={committed}:\n{out[-4000:]}"

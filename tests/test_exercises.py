@@ -1,8 +1,6 @@
-"""
-The exercises stay true to the code, for every exercise the checks folder holds: the stored solution passes, the stub
+"""The exercises stay true to the code, for every exercise the checks folder holds: the stored solution passes, the stub
 is "not started", every known bug fails and is named. The checker itself, on a toy exercise, for what no mutant shows
-(test_exercise_mutants.py). The command line, the hints, the picture, the syllabus. The workflow: test_exercise_workflow.py.
-"""
+(test_exercise_mutants.py). The command line, the hints, the picture, the syllabus."""
 
 import ast
 import inspect
@@ -23,7 +21,6 @@ from exercises.show import pattern
 REPO = Path(__file__).resolve().parents[1]
 NUMBERS = list(EXERCISES)
 IDS = [EXERCISES[n] for n in NUMBERS]
-BUGS = [(n, bug.name) for n in NUMBERS for bug in load_spec(n).BUGS]
 NO_RUNS = {"runs": {"swa": "/nowhere/swa", "orthros": "/nowhere/orthros"}}   # the recall lab then waits
 
 
@@ -36,13 +33,17 @@ def test_the_recall_lab_passes_on_trained_runs(recall_runs):
 
 
 @pytest.mark.parametrize("n", NUMBERS, ids=IDS)
-def test_the_stored_solution_file_passes_its_check(n):
+def test_the_stored_solution_passes_and_every_known_bug_fails_named(n):
     """The whole file `solution N --show` prints, checked as a student's file, passes (the recall lab: its made-up
-    runs, then it waits for trained ones)."""
+    runs, then it waits for trained ones). A copy of it with one classic mistake fails, and the report names it."""
     spec = load_spec(n)
     answer = framework.load_answer(spec, framework.solved_source(spec), f"/nowhere/{EXERCISES[n]}.py")
     result = framework.check(spec, answer, **NO_RUNS)
     assert result.status == ("waiting" if hasattr(spec, "DEFAULT_RUNS") else "PASS"), result.message
+    for bug in spec.BUGS:
+        result = framework.check(spec, bug, **NO_RUNS)
+        assert result.status == "FAIL" and bug.name in result.named and f"known mistake: {bug.name}." in result.message, \
+            result.message
 
 
 @pytest.mark.parametrize("n", NUMBERS, ids=IDS)
@@ -65,14 +66,6 @@ def test_the_untouched_stub_and_the_second_hint(n):
         for line in textwrap.dedent(inspect.getsource(inspect.unwrap(getattr(spec.REFERENCE, name)))).splitlines():
             code = re.sub(r"\s+", " ", line.split("#")[0].strip())
             assert len(code) < 20 or code.startswith(("def ", '"""')) or code not in re.sub(r"\s+", " ", spec.HINTS[1]), code
-
-
-@pytest.mark.parametrize("n,name", BUGS, ids=[f"{EXERCISES[n]}-{name}" for n, name in BUGS])
-def test_known_bug_fails_and_is_named(n, name):
-    """A copy of the solution with one classic mistake fails, and the report names that mistake."""
-    spec = load_spec(n)
-    result = framework.check(spec, next(b for b in spec.BUGS if b.name == name), **NO_RUNS)
-    assert result.status == "FAIL" and name in result.named and f"known mistake: {name}." in result.message, result.message
 
 
 def test_exercise_1s_whole_model_cases_alone_catch_a_wrong_predicate():
@@ -104,15 +97,6 @@ def doubling(**more):
     return Case("double(x)", lambda: dict(x=torch.arange(6.0).view(2, 3)), "double", "2x", **more)
 
 
-def test_the_reference_runs_first_on_its_own_copy_of_the_inputs():
-    """Each case runs the reference before the answer, and each gets its own copy of the inputs."""
-    shared = torch.arange(6.0)
-    case = Case("double(x)", lambda: dict(x=shared), "double", "2x")
-    LOG.clear()
-    assert framework.check(toy(case), SimpleNamespace(double=lambda x: LOG.append(("answer", x)) or x + x)).status == "PASS"
-    assert [who for who, _ in LOG] == ["reference", "answer"] and len({id(x) for _, x in LOG} | {id(shared)}) == 3
-
-
 def test_an_error_in_the_checkers_own_code_is_not_the_students():
     """The checker's code failing after the answer returned, or inside the answer's call (a hook), is an ERROR; an
     exception raised by the answer's code is the answer's: its type, message and line."""
@@ -128,9 +112,15 @@ def test_an_error_in_the_checkers_own_code_is_not_the_students():
     assert "your code raised RuntimeError" in result.message and "(at /nowhere/ex99_toy.py, line 2)" in result.message
 
 
-def test_forms_and_values_on_another_device_or_dtype():
-    """Case.device builds the inputs there (meta: forms only), Case.dtype converts them (and names them). Values are
-    exact for integers and booleans; NaN where the reference has a number is wrong; NaN against NaN is right."""
+def test_the_reference_first_on_its_own_inputs_then_forms_and_values_on_another_device_or_dtype():
+    """Each case runs the reference before the answer, each on its own copy of the inputs. Case.device builds the inputs
+    there (meta: forms only), Case.dtype converts them (and names them). Values are exact for integers and booleans; NaN
+    where the reference has a number is wrong; NaN against NaN is right."""
+    shared = torch.arange(6.0)
+    LOG.clear()
+    answer = SimpleNamespace(double=lambda x: LOG.append(("answer", x)) or x + x)
+    assert framework.check(toy(Case("double(x)", lambda: dict(x=shared), "double", "2x")), answer).status == "PASS"
+    assert [who for who, _ in LOG] == ["reference", "answer"] and len({id(x) for _, x in LOG} | {id(shared)}) == 3
     meta, wide = doubling(device="meta"), doubling(dtype=torch.float64)
     assert framework.check(toy(meta, wide), SimpleNamespace(double=lambda x: 2 * x)).status == "PASS"
     message = framework.check(toy(wide), SimpleNamespace(double=lambda x: (2 * x).float())).message

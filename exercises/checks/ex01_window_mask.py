@@ -95,11 +95,11 @@ def mask_case(n_q, n_k, window, what="", invariant=ALIGNED):
 
 
 def logits_case(attn, swa_impl, T, w, t_out):
-    return Case(f"whole-model logits, attn={attn!r}, swa_impl={swa_impl!r}, T={T}, w={w}, t_out={t_out}, with your "
-                "in_window and attention_mask patched into orthros.py", dict(model=tiny_model(attn, window=w,
-                swa_impl=swa_impl), idx=tokens(2, T), t_out=t_out), patched_logits, "every window path of orthros.py "
-                "(dense mask, blocked band mask) asks the one predicate: the right one gives the model's own logits",
-                output="the model's logits")
+    model = tiny_model(attn, window=w, swa_impl=swa_impl)
+    return Case(f"whole-model logits, attn={attn!r}, swa_impl={swa_impl!r}, T={T}, w={w}, t_out={t_out}, with your in_window "
+                "and attention_mask patched into orthros.py", dict(model=model, idx=tokens(2, T), t_out=t_out), patched_logits,
+                "every window path of orthros.py (dense mask, blocked band mask) asks the one predicate: the right one gives "
+                "the model's own logits", output="the model's logits")
 
 
 def cases(**options):

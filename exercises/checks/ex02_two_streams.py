@@ -74,8 +74,7 @@ ABOUT = "Orthros, 2 layers, 2 heads, C=16, w=4, random scale-offsets"
 def logits_case(model, B, T, t_out, about=ABOUT, invariant=INVARIANT, dtype=None, seed=None):
     return Case(f"two_stream_logits(model, idx, t_out={t_out}), idx of shape ({B}, {T}); model: {about}",
                 dict(model=model, idx=tokens(B, T, vocab=model.config.vocab_size, seed=seed or T), t_out=t_out), logits,
-                invariant, dtype=dtype, output="your logits",
-                expected=lambda model, idx, t_out: model(idx, t_out=t_out)[0].detach())
+                invariant, dtype=dtype, output="your logits", expected=lambda model, idx, t_out: model(idx, t_out=t_out)[0])
 
 
 def cases(**options):

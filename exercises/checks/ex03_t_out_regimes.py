@@ -61,6 +61,8 @@ ALSO_RIGHT = (SOLUTIONS / "ex03_t_out_regimes_also.py").read_text()   # a right 
 
 REGIMES = [("pre-training", 12, 12), ("SFT", 12, 5), ("prefill", 12, 1), ("decode", 1, 1), ("pre-training", 2048, 2048),
            ("SFT", 2048, 300)]
+SUFFIX = ("t_out is the smallest suffix of columns that holds every target (data.sft.collate's t_out); targets are -1 "
+          "where nothing is trained (data.sft.IGNORE), any other value, 0 included, is a target; 1 when nothing is trained")
 ROWS = ("the rows of z that the layers process, counted by a hook on the model's first block: Orthros adds one output token "
         "per output position, the baselines have one stream")
 
@@ -102,10 +104,7 @@ def cases(**options):
         x, y, t_out = collate(batch)
         found.append(Case(f"smallest_t_out(targets) for {what}: x, targets, _ = data.sft.collate(batch); targets of shape "
                           f"(B, T) = {tuple(y.shape)}" + (f" = {y.tolist()}" if y.numel() <= 64 else ""), dict(targets=y),
-                          "smallest_t_out", output="your t_out", expected=lambda targets, t_out=t_out: t_out,
-                          invariant="t_out is the smallest suffix of columns that holds every target (data.sft.collate's "
-                                    "t_out); targets are -1 where nothing is trained (data.sft.IGNORE), any other value, 0 "
-                                    "included, is a target; 1 when nothing is trained"))
+                          "smallest_t_out", SUFFIX, output="your t_out", expected=lambda targets, t_out=t_out: t_out))
     for attn in ("orthros", "swa", "transformer"):
         found += [Case(f"tokens_through_layers({attn!r}, T={T}, t_out={t_out}): {regime}", dict(attn=attn, T=T, t_out=t_out),
                        "tokens_through_layers", ROWS, output="your count",
@@ -122,4 +121,3 @@ def rows_per_layer(attn, regime, T, t_out):
         model.blocks[0].register_forward_pre_hook(lambda block, args: rows.append(args[0].size(1)))
         model(tokens(1, T), t_out=1 if regime == "prefill" else t_out, cache=cache)
     return rows[0]
-

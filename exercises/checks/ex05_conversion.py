@@ -86,17 +86,17 @@ MUTANTS = [
            {"def convert(": "@__import__('functools').lru_cache(maxsize=None)\ndef convert("}),
 ]
 ALSO_RIGHT = (SOLUTIONS / "ex05_conversion_also.py").read_text()   # a right answer written otherwise
-OTHER = ("another Transformer: n_layer=3, n_head=4, C=48, rope_base=500.0, dropout=0.1, swa_impl='dense', max_seq_len=300, "
-         "in train mode")
+OTHER = dict(seed=2, vocab_size=41, n_layer=3, n_head=4, n_embd=48, rope_base=500.0, dropout=0.1, swa_impl="dense",
+             max_seq_len=300)
+ABOUT = "another Transformer, in train mode: " + ", ".join(f"{k}={v!r}" for k, v in OTHER.items())
 
 
 def cases(**options):
     transformer = tiny_model("transformer", window=32)
     conv = tiny_model("transformer", window=32, conv_kernel=3, seed=1)
-    other = tiny_model("transformer", seed=2, vocab_size=41, n_layer=3, n_head=4, n_embd=48, rope_base=500.0, dropout=0.1,
-                       swa_impl="dense", max_seq_len=300).train()
+    other = tiny_model("transformer", **OTHER).train()
     idx = tokens(2, 24)
-    found = structure(transformer, 4) + structure(other, 5, OTHER)
+    found = structure(transformer, 4) + structure(other, 5, ABOUT)
     found += [logits_case(model, what, 32, idx, t_out) for model, what in ((transformer, "the Transformer"),
                                                                            (conv, "one with conv_kernel=3")) for t_out in (24, 5)]
     found.append(logits_case(transformer, "the Transformer", 4, idx, 24))
@@ -107,7 +107,7 @@ def cases(**options):
     # One dimension at a time, each named in the case: what an answer could have written in
     found += [structure(transformer, 4, dtype=dtype)[1] for dtype in (torch.float32, torch.bfloat16)]
     found.append(logits_case(transformer, "the Transformer", 32, idx, 5, dtype=torch.float32))
-    found.append(logits_case(other, OTHER, 5, tokens(3, 24, vocab=41), 24))
+    found.append(logits_case(other, ABOUT, 5, tokens(3, 24, vocab=41), 24))
     return found + [logits_case(transformer, "the Transformer", 128, tokens(2, 300), 300)]   # the paper's window, T = 300
 
 

@@ -132,4 +132,3 @@ def measured_reach(n_layer, window):
     model.wte.register_forward_hook(lambda module, args, out: kept.append(out))
     grad, = torch.autograd.grad(model(tokens(1, T, seed=T))[0][0, T - 1].sum(), kept)
     return T - 1 - int((grad[0] != 0).any(-1).nonzero().min())
-

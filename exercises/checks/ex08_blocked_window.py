@@ -1,5 +1,4 @@
-"""Exercise 8, the sliding window in O(T w): the checker. The reference is orthros.py's own
-blocked_sliding_window_attention."""
+"""Exercise 8, the sliding window in O(T w): the checker (the reference: orthros.py's own blocked attention)."""
 
 from types import SimpleNamespace
 from unittest import mock
@@ -49,10 +48,10 @@ BUGS = [
         "t sees t-w+1 ... t, which crosses the block boundary unless t is the block's last.",
         {MASK: "mask = in_window(q_pos, k_pos, w) & (k_pos >= blk * w)"}),
     Bug("the dense (T, T) mask", "the mask alone holds T^2 entries: O(T^2) memory, the cost the blocked path exists to "
-        "avoid (and its dropout draws another mask than one call over the blocks does).", {"from orthros import in_window": "from orthros import attention_mask, in_window",
-                                          SHAPES: "    mask = attention_mask(q.size(-2), k.size(-2), window)   # (T, T)\n"
-                                                  "    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, "
-                                                  "dropout_p=dropout_p)\n"}),
+        "avoid (and its dropout draws another mask than one call over the blocks does).",
+        {"from orthros import in_window": "from orthros import attention_mask, in_window",
+         SHAPES: "    mask = attention_mask(q.size(-2), k.size(-2), window)   # (T, T)\n    return "
+                 "F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)\n"}),
 ]
 MUTANTS = [
     Mutant("the dense reference called", "your code called orthros.reference_attention",

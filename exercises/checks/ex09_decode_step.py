@@ -79,15 +79,13 @@ MUTANTS = [
     Mutant("the positions made on the CPU", "is not on the expected device meta", {"device=x.device)": "device='cpu')"}),
 ]
 ALSO_RIGHT = (SOLUTIONS / "ex09_decode_step_also.py").read_text()   # a right answer written otherwise
-OTHER = ("attn='orthros', 4 heads, n_embd=24, rope_base=500.0, dropout=0.1 (eval mode), vocab_size=50, conv_kernel=2, "
-         "seed 1")
+OTHER = dict(n_layer=3, n_head=4, n_embd=24, window=3, rope_base=500.0, dropout=0.1, vocab_size=50, conv_kernel=2, seed=1)
 MODELS = [   # (name, attn, overrides, dtype)
     ("attn='orthros'", "orthros", {}, None), ("attn='orthros', conv_kernel=3", "orthros", dict(conv_kernel=3), None),
     ("attn='swa'", "swa", {}, None), ("attn='transformer'", "transformer", {}, None),
     ("attn='orthros', rope_base=500.0", "orthros", dict(rope_base=500.0), None),
-    (OTHER, "orthros", dict(n_layer=3, n_head=4, n_embd=24, window=3, rope_base=500.0, dropout=0.1, vocab_size=50,
-                            conv_kernel=2, seed=1), None),
-    ("attn='orthros', seed 2", "orthros", dict(seed=2), torch.float32), ("attn='orthros', seed 2", "orthros", dict(seed=2), torch.bfloat16)]
+    ("attn='orthros', " + ", ".join(f"{k}={v!r}" for k, v in OTHER.items()), "orthros", OTHER, None),
+    *(("attn='orthros', seed 2", "orthros", dict(seed=2), dtype) for dtype in (torch.float32, torch.bfloat16))]
 T = 13
 # (p, models, batch, next_idx as (B, 1)): the fewest decode steps first
 RUNS = [(12, range(8), 2, False), (12, [0], 2, True), (12, [0], 1, False), (11, [5], 3, True), (4, range(7), 2, False),

@@ -81,8 +81,7 @@ POOLINGS = [("yours is the pooled accuracy of the buckets {}", lambda a, n: sum(
             ("yours pools the buckets {} with each bucket's hits truncated by int()",
              lambda a, n: sum(int(x * m) for x, m in zip(a, n)) / sum(n)),
             ("yours is the mean of the accuracies of the buckets {}, not pooled over examples", lambda a, n: sum(a) / len(a))]
-RETRAIN = ("Let it train its whole schedule (recall_tiny's 2400 steps: shorter ones did not learn recall in our tries); if "
-           "its loss stalled, train it again with another --seed (and --overwrite true).")
+RETRAIN = "Let it train its whole schedule (recall_tiny's 2400 steps), or train it again with another --seed."
 
 
 def made_up_run(folder, i):
@@ -180,8 +179,8 @@ def after_pass(answer, runs=None, **options):
     for attn in ("swa", "orthros"):
         path = trained_run(runs, attn)
         summary, scores = answer.recall_summary(path), json.loads((path / "exact_match.json").read_text())
+        reach, poor = summary["n_layer"] * summary["window"], f"; NOTE: poor even inside its window. {RETRAIN}"
         lines += [f"  {attn:>8}: " + "  ".join(f"{b} {r['accuracy']:.2f}" for b, r in scores.items()),
                   f"  {'':>8}  inside the window (w={summary['window']}): {summary['inside']:.2f};  beyond n_layer * w = "
-                  f"{summary['n_layer'] * summary['window']}: {summary['beyond']:.2f}" +
-                  (f"\n  {'':>8}  NOTE: it answers poorly even inside its window. {RETRAIN}" if summary["inside"] < 0.6 else "")]
+                  f"{reach}: {summary['beyond']:.2f}" + (poor if summary["inside"] < 0.6 else "")]
     return "\n".join(lines)
