@@ -77,7 +77,8 @@ POSITIONS = [
 ]
 FAINT = "; far positions move the logits at t only faintly here: a faint change, but not zero, is a change"
 FAINTER = "; far positions move the logits at t below float32's resolution here: compare in the model's own dtype"
-REACHES = [(2, 2), (1, 1), (1, 2), (3, 2), (1, 4), (2, 3), (3, 4), (2, 8), (4, 5), (12, 128)]   # the last: the paper's
+# (n_layer, window): first (2, 2), where the bug L*w (4) fails unlike L*w - 1 or L(w-1) + 1 (3); last, the paper's
+REACHES = [(2, 2), (1, 1), (1, 2), (3, 2), (1, 4), (2, 3), (3, 4), (2, 8), (4, 5), (12, 128)]
 INVARIANT = ("the positions whose token moves the logits at t: for SWA exactly t - L(w-1) ... t (a convolution of kernel k "
              "reaches k-1 further per layer); for Orthros (the output stream) and the Transformer every position 0 ... t; "
              "never one after t")

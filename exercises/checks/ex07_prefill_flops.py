@@ -90,10 +90,11 @@ def cases(**options):
                      f"{T - (n_q or T)} ... {T - 1}) each see " + ("t + 1 keys" if window is None else f"min(t + 1, "
                      f"w={window}) keys") + ", summed", output="your pair count") for T, window, n_q in calls]
     configs = [(name, dataclasses.replace(cfg, attn=attn)) for name, cfg in SIZES.items() for attn in ATTNS]
-    yield from [Case(f"bench.forward_flops(cfg, T={T}, t_out={t_out}), {cfg.attn}, {name}, with your attended_pairs patched "
-                     "into perf/bench.py", dict(cfg=cfg, T=T, t_out=t_out), patched_forward_flops, "perf/bench.py's FLOP "
-                     "counts (prefill, SFT, pre-training) are unchanged with your attended_pairs", output="bench.forward_flops's "
-                     "count") for name, cfg in configs for T, t_out in ((7, 7), (300, 1), (300, 40))]
+    for name, cfg in configs:
+        yield from [Case(f"bench.forward_flops(cfg, T={T}, t_out={t_out}), {cfg.attn}, {name}, with your attended_pairs "
+                         "patched into perf/bench.py", dict(cfg=cfg, T=T, t_out=t_out), patched_forward_flops, "perf/bench.py's "
+                         "FLOP counts (prefill, SFT, pre-training) are unchanged with your attended_pairs",
+                         output="bench.forward_flops's count") for T, t_out in ((7, 7), (300, 1), (300, 40))]
     tiny = SIZES["tiny (2 x 16, 2 heads, w=4, V=37)"]
     for attn, field, old, new in PROBES:
         cfg = dataclasses.replace(tiny, attn=attn)

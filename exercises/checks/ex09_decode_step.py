@@ -79,7 +79,8 @@ MUTANTS = [
     Mutant("the positions made on the CPU", "is not on the expected device meta", {"device=x.device)": "device='cpu')"}),
 ]
 ALSO_RIGHT = (SOLUTIONS / "ex09_decode_step_also.py").read_text()   # a right answer written otherwise
-OTHER = dict(n_layer=3, n_head=4, n_embd=24, window=3, rope_base=500.0, dropout=0.1, vocab_size=50, conv_kernel=2, seed=1)
+OTHER = dict(n_layer=3, n_head=4, n_embd=24, window=3, rope_base=500.0, dropout=0.1, vocab_size=50, conv_kernel=2,
+             seed=1)
 MODELS = [   # (name, attn, overrides, dtype)
     ("attn='orthros'", "orthros", {}, None), ("attn='orthros', conv_kernel=3", "orthros", dict(conv_kernel=3), None),
     ("attn='swa'", "swa", {}, None), ("attn='transformer'", "transformer", {}, None),
@@ -92,8 +93,6 @@ RUNS = [(12, range(8), 2, False), (12, [0], 2, True), (12, [0], 1, False), (11, 
         (1, [0], 2, False)]
 PAPER_SIZE = dict(n_layer=2, n_embd=768, n_head=6, vocab_size=50304, window=128)   # 2 of its 12 layers: meta is slow
 ONE_TOKEN = "one new token per sequence: z is (B, rows, C), its base twin the first row"
-
-
 INVARIANT = ("train == decode: after the steps the cache (compared first: cache.length, the next token's position, then "
              "each layer's conv_state, keys and values) equals that of prefill(idx) over the whole sequence, and each step's "
              "logits equal the training forward's at its position (the LM head reads Orthros's output twin, z's last row; "
@@ -109,7 +108,7 @@ def cases(**options):
                        f"of shape {f'({B}, 1)' if column else f'({B},)'}; idx of shape ({B}, {T}), {name}, w={c.window}, "
                        f"{c.n_layer} layers", dict(model=models[i], idx=tokens(B, T, seed=B), p=p, column=column), decoded,
                        INVARIANT, expected=trained, dtype=dtype, output="your steps' result")
-    with torch.device("meta"):   # built once, when a check gets here (meta: shapes, no values)
+    with torch.device("meta"):   # the paper's widths on meta: shapes, no values (and no memory)
         paper = Orthros(OrthrosConfig(**PAPER_SIZE)).eval()
     yield Case(f"prefill(idx[:, :300]), then a decode_step on the meta device: 2 layers at {PAPER}, next_idx of shape (2,)",
                lambda: dict(model=paper, idx=torch.zeros(2, 301, dtype=torch.long), p=300, column=False), decoded,
