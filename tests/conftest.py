@@ -1,5 +1,7 @@
 """Shared pytest fixtures for the tests in this folder."""
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,12 +12,19 @@ sys.path.insert(0, str(REPO))  # `pytest tests/` from anywhere: import from the 
 
 
 @pytest.fixture(scope="session")
-def recall_tiny_runs(tmp_path_factory):
-    """recall_tiny trained once per test session, for Orthros and SWA (about 7 minutes on 2 idle CPU
-    cores): {attn: out_dir}. test_train.py's recall test and exercise 10's check both read them."""
-    import train
-    root = tmp_path_factory.mktemp("recall_tiny")
-    for attn in ("orthros", "swa"):
-        train.main(["--config", "recall_tiny", "--attn", attn, "--device", "cpu", "--eval_iters", "1",
-                    "--out_dir", str(root / attn)])
-    return {attn: root / attn for attn in ("orthros", "swa")}
+def recall_runs(tmp_path_factory):
+    """The recall_micro config trained once per test session, for SWA and Orthros: {attn: out_dir}.
+    test_train.py's recall test and exercise 10's check both read them. The two runs train at the
+    same time, one CPU thread each: on 2 cores that is about half a minute for both."""
+    from data.prepare_utils import find_dataset
+    find_dataset("recall_micro")  # prepared once, before the two processes read it
+    root = tmp_path_factory.mktemp("recall_micro")
+    runs = {attn: root / attn for attn in ("swa", "orthros")}
+    procs = {attn: subprocess.Popen([sys.executable, "train.py", "--config", "recall_micro", "--attn", attn, "--device", "cpu",
+                                     "--out_dir", str(out)], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for attn, out in runs.items()}
+    for attn, proc in procs.items():
+        output = proc.communicate()[0]
+        assert proc.returncode == 0, f"the recall_micro {attn} run failed:\n{output}"
+    return runs

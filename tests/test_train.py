@@ -185,6 +185,27 @@ def test_transformer_checkpoint_converts_to_orthros(tmp_path):
     assert conv_evals[0] == pytest.approx(tf_evals[20], abs=1e-4)  # same model, same eval batches
 
 
+def test_orthros_recalls_beyond_the_window_and_swa_does_not(recall_runs):
+    """The recall task end to end (recall_micro: one layer, w = 16, trained from scratch on 2 CPU cores). A
+    one-layer sliding-window model reaches the value of a pair at most w tokens back (distance <= w, the value
+    w - 1 keys back): inside its window SWA recalls (>= 0.9), beyond it SWA guesses (at most chance + 0.1), and
+    Orthros, whose output tokens attend to every key, recalls there too (>= 0.9)."""
+    swa, orthros = ({b: (r["n"], r["accuracy"]) for b, r in json.loads((recall_runs[a] / "exact_match.json").read_text()).items()}
+                    for a in ("swa", "orthros"))
+    config = load_checkpoint(recall_runs["swa"] / "ckpt_last.pt")["model_config"]
+    meta = json.loads((REPO / "data" / "recall_micro" / "meta.json").read_text())
+    reach, chance = config["n_layer"] * config["window"], 1 / meta["params"]["n_values"]
+
+    def pooled(scores, keep):  # the accuracy over every test example of the buckets lo-hi that keep(lo, hi)
+        chosen = [scores[b] for b in scores if keep(*map(int, b.split("-")))]
+        assert chosen, (scores, reach)
+        return sum(n * acc for n, acc in chosen) / sum(n for n, _ in chosen)
+
+    assert pooled(swa, lambda lo, hi: hi <= config["window"]) >= 0.9, swa
+    assert pooled(swa, lambda lo, hi: lo > reach) <= chance + 0.1, swa
+    assert pooled(orthros, lambda lo, hi: lo > reach) >= 0.9, orthros
+
+
 def test_shape_options_ignored_by_a_checkpoint_are_reported(pretrained, tmp_path, capsys):
     """--init_from CKPT with another --n_embd says that the checkpoint's shape wins."""
     run_train(tmp_path, "--init_from", str(pretrained / "ckpt_last.pt"), "--n_embd", "128", "--max_iters", "1",

@@ -2,6 +2,7 @@
 
     python data/recall/prepare.py                      # window 128 (the `recall` config)
     python data/recall/prepare.py --preset tiny        # window 32, CPU-sized (`recall_tiny`)
+    python data/recall/prepare.py --preset micro       # window 16, seconds on a CPU (`recall_micro`)
     python data/recall/prepare.py --context_len 4000 --test_edges 0,128,256,512,1024,2048,3968
 
 One example, as SFT turns (byte tokenizer: one character = one token):
@@ -55,6 +56,11 @@ PRESETS = {
     "tiny": dict(window=32, context_len=300, short_context_len=16, n_pairs=8, n_queries=8, n_short_queries=4,
                  n_keys=26, n_values=26, n_train=20000, n_short=10000, n_val=200, n_test_per_bucket=100,
                  last_pair_frac=0.1),
+    # window 16, 40-token contexts, 4 keys and 8 values (chance 1/8): the `recall_micro` config, a
+    # one-layer model that learns the task in seconds on a CPU (the test suite's recall proof)
+    "micro": dict(window=16, context_len=40, short_context_len=12, n_pairs=4, n_queries=4, n_short_queries=2,
+                  n_keys=4, n_values=8, n_train=4000, n_short=4000, n_val=100, n_test_per_bucket=100,
+                  last_pair_frac=0.1),
 }
 
 
@@ -164,7 +170,8 @@ if __name__ == "__main__":
     parser.add_argument("--out_dir", help="default: this folder (data/recall/)")
     parser.add_argument("--seed", type=int, default=1337)
     for key, value in PRESETS["default"].items():
-        parser.add_argument(f"--{key}", type=type(value), help=f"default {value} (preset 'tiny': {PRESETS['tiny'][key]})")
+        others = ", ".join(f"{name}: {preset[key]}" for name, preset in PRESETS.items() if name != "default")
+        parser.add_argument(f"--{key}", type=type(value), help=f"default {value} (presets {others})")
     parser.add_argument("--test_edges", help="comma-separated bucket edges for the test distances")
     args = vars(parser.parse_args())
     if args["test_edges"]:
