@@ -139,13 +139,16 @@ def test_loss_is_the_mean_over_non_ignored_targets():
 
 def keys_seen(attend, T, w, n_q=None):
     """Which keys each of the last n_q (default T) queries mixes in: with equal scores (q = 0)
-    and value j = one-hot(j), a query's output is nonzero exactly at the keys it attends."""
+    and value j = one-hot(j), a query's output is nonzero exactly at the keys it attends. The
+    one-hots are cut into heads of 16 (FlexAttention's smallest head size): key j is dimension
+    j % 16 of head j // 16, and every head attends the same keys."""
     n_q = T if n_q is None else n_q
-    D = max(T, 16)                                          # FlexAttention wants head size >= 16
-    q = torch.zeros(1, 1, n_q, D, dtype=torch.float64)
-    k = torch.randn(1, 1, T, D, dtype=torch.float64)
-    v = torch.eye(T, D, dtype=torch.float64)[None, None]   # (1, 1, T, D)
-    return [row.nonzero().flatten().tolist() for row in attend(q, k, v, w)[0, 0] > 0]
+    H = math.ceil(T / 16)
+    q = torch.zeros(1, H, n_q, 16, dtype=torch.float64)
+    k = torch.randn(1, H, T, 16, dtype=torch.float64)
+    v = torch.eye(H * 16, dtype=torch.float64)[:T].reshape(T, H, 16).transpose(0, 1)[None].contiguous()  # (1, H, T, 16)
+    seen = attend(q, k, v, w)[0].transpose(0, 1).reshape(n_q, H * 16) > 0                    # (n_q, key j)
+    return [row.nonzero().flatten().tolist() for row in seen]
 
 
 def flex_swa(q, k, v, window):
@@ -231,11 +234,13 @@ def test_blocked_swa_equals_dense_reference(T, window):
         torch.testing.assert_close(g, g_ref, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("T,window", [(77, 8), (128, 128), (300, 128), (700, 200), (1000, 64)])
+@pytest.mark.parametrize("T,window", [(77, 8), (300, 128)])
 def test_flex_swa_equals_dense_reference(T, window):
-    """The FlexAttention window (compiled, on the CPU) equals the dense reference, for T below, at and off 128k."""
+    """The FlexAttention window (compiled, on the CPU) equals the dense reference, in one block of 128 keys and
+    across three. (Its block tables at more sizes: test_flex_block_tables_are_exact. The shapes are keys_seen's,
+    so that two compiled kernels serve every flex test here: each new shape costs seconds of compiling.)"""
     torch.manual_seed(T)
-    q, k, v = (torch.randn(2, 3, T, 16) for _ in range(3))
+    q, k, v = (torch.randn(1, math.ceil(T / 16), T, 16) for _ in range(3))
     torch.testing.assert_close(flex_swa(q, k, v, window), reference_attention(q, k, v, window),
                                rtol=1e-5, atol=1e-5)
 

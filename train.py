@@ -124,8 +124,8 @@ CONFIGS = {  # named presets: each sets only what differs from the defaults abov
                         eval_interval=200, eval_iters=5, curriculum="train_short", weight_decay=0.0),
     # One layer, window 16, 40-token contexts (data/recall_micro): about 20 s on 2 CPU cores.
     "recall_micro": dict(task="sft", dataset="recall_micro", n_layer=1, n_head=2, n_embd=64, window=16, conv_kernel=2,
-                         seq_len=56, batch_size=64, max_iters=640, lr=5e-3, warmup_iters=50, eval_interval=160, eval_iters=2,
-                         curriculum="train_short", curriculum_frac=0.5, weight_decay=0.0),
+                         seq_len=56, batch_size=64, max_iters=600, lr=5e-3, warmup_iters=50, eval_interval=150, eval_iters=2,
+                         curriculum="train_short", curriculum_frac=0.67, weight_decay=0.0),
 }
 
 

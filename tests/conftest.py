@@ -1,8 +1,10 @@
 """Shared pytest fixtures for the tests in this folder."""
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,21 +12,37 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `pytest tests/` from anywhere: import from the repository root
 
+RECALL = {}   # attn -> (out_dir, its training process), once the session has a test that reads the runs
 
-@pytest.fixture(scope="session")
-def recall_runs(tmp_path_factory):
-    """The recall_micro config trained once per test session, for SWA and Orthros: {attn: out_dir}.
-    test_train.py's recall test and exercise 10's check both read them. The two runs train at the
-    same time, one CPU thread each: on 2 cores that is about half a minute for both."""
+
+def pytest_collection_finish(session):
+    """The recall_micro trainings (SWA and Orthros, about 20 s each on one CPU thread) start as soon as the
+    session knows that a test reads them. They run beside the tests before it, at the lowest priority (nice
+    19): they take the cycles those tests leave idle. recall_runs waits for them."""
+    if not any("recall_runs" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
     from data.prepare_utils import find_dataset
     find_dataset("recall_micro")  # prepared once, before the two processes read it
-    root = tmp_path_factory.mktemp("recall_micro")
-    runs = {attn: root / attn for attn in ("swa", "orthros")}
-    procs = {attn: subprocess.Popen([sys.executable, "train.py", "--config", "recall_micro", "--attn", attn, "--device", "cpu",
-                                     "--out_dir", str(out)], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for attn, out in runs.items()}
-    for attn, proc in procs.items():
-        output = proc.communicate()[0]
-        assert proc.returncode == 0, f"the recall_micro {attn} run failed:\n{output}"
-    return runs
+    root = Path(tempfile.mkdtemp(prefix="orthros-recall-"))
+    for attn in ("swa", "orthros"):
+        with open(root / f"{attn}.log", "w") as log:
+            RECALL[attn] = root / attn, subprocess.Popen(
+                [sys.executable, "train.py", "--config", "recall_micro", "--attn", attn, "--device", "cpu",
+                 "--out_dir", str(root / attn)], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19))
+
+
+def pytest_sessionfinish(session):
+    for out, proc in RECALL.values():
+        proc.kill()   # a session stopped early (-x, Ctrl-C) leaves no training behind
+        proc.wait()
+        shutil.rmtree(out.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def recall_runs():
+    """recall_micro trained once per test session, for SWA and Orthros: {attn: out_dir}. test_train.py's
+    recall test and exercise 10's check both read them."""
+    for attn, (out, proc) in RECALL.items():
+        assert proc.wait() == 0, f"the recall_micro {attn} run failed:\n{(out.parent / f'{attn}.log').read_text()}"
+    return {attn: out for attn, (out, _) in RECALL.items()}

@@ -44,23 +44,17 @@ def one_process(tmp_path_factory):
     return losses(out)
 
 
-def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path, one_process):
-    """torchrun with 2 gloo processes (DDP) gives the same losses as one process on the same global batch."""
-    done = torchrun(tmp_path, "--max_iters", "6")
-    assert done.returncode == 0, done.stderr
-    assert losses(tmp_path) == pytest.approx(one_process, abs=1e-5)
-
-
-def test_fsdp_matches_one_process_resumes_exactly_and_writes_what_sample_reads(tmp_path, one_process, capsys):
-    """--fsdp true over 2 gloo processes: 3 steps, then resumed to 6 with activation checkpointing, give
-    one process's losses; the checkpoint is full (unsharded), sample.py reads it, and it holds the
-    optimizer state by parameter name."""
-    first = torchrun(tmp_path, "--fsdp", "true", "--max_iters", "3")
-    assert first.returncode == 0, first.stderr
+def test_ddp_then_fsdp_resumed_give_one_process_losses_and_a_checkpoint_sample_reads(tmp_path, one_process, capsys):
+    """torchrun with 2 gloo processes: 3 steps under DDP, then resumed to 6 under --fsdp true with activation
+    checkpointing, give the losses of one process on the same global batch. The checkpoints between and after
+    are full (unsharded, the optimizer state by parameter name): either mode resumes the other's, and sample.py
+    reads them."""
+    ddp = torchrun(tmp_path, "--max_iters", "3")
+    assert ddp.returncode == 0, ddp.stderr
     assert load_checkpoint(tmp_path / "ckpt_last.pt")["step"] == 3
-    resumed = torchrun(tmp_path, "--fsdp", "true", "--activation_checkpointing", "true", "--max_iters", "6",
-                       "--init_from", "resume")   # recomputing activations changes no number
-    assert resumed.returncode == 0, resumed.stderr
+    fsdp = torchrun(tmp_path, "--fsdp", "true", "--activation_checkpointing", "true", "--max_iters", "6",
+                    "--init_from", "resume")   # recomputing activations changes no number
+    assert fsdp.returncode == 0, fsdp.stderr
     assert losses(tmp_path) == pytest.approx(one_process, abs=1e-5)
     ckpt = load_checkpoint(tmp_path / "ckpt_last.pt")
     assert ckpt["step"] == 6 and "blocks.0.attn.c_q.weight" in ckpt["optimizer"]["state"]
@@ -83,7 +77,10 @@ def test_one_process_dying_ends_the_whole_run_naming_it(tmp_path):
              if open(f"/proc/{pid}/stat").read().split()[3] == str(proc.pid)
              and b"\0RANK=1\0" in b"\0" + open(f"/proc/{pid}/environ", "rb").read()]
     os.kill(rank1[0], signal.SIGKILL)
-    _, err = proc.communicate(timeout=120)   # a hang would end here, as a failure
+    try:
+        _, err = proc.communicate(timeout=120)   # a hang would end here, as a failure
+    finally:
+        proc.kill()
     assert proc.returncode != 0
     root_cause = err.split("Root Cause")[1]
     assert "rank      : 1" in root_cause and "SIGKILL" in root_cause, err[-2000:]
