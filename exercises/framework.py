@@ -97,7 +97,15 @@ def stub_source(spec):
 
 
 def solved_source(spec):
-    return (SOLUTIONS / f"{spec.__name__.rsplit('.', 1)[-1]}.py").read_text()
+    """The stored solution's file. A function that the exercise replaces is imported there from the repository
+    (`from orthros import in_window`): here that line becomes the function's own source, written in."""
+    source = (SOLUTIONS / f"{spec.__name__.rsplit('.', 1)[-1]}.py").read_text()
+    for name in spec.FUNCTIONS:
+        fn = getattr(spec.REFERENCE, name)
+        line = f"from {fn.__module__} import {name}\n"
+        if line in source:
+            source = source.replace(line, "") + "\n\n" + inspect.getsource(fn)
+    return source
 
 
 # Answers, and the guard: while the answer's code runs, each refused function's code raises

@@ -10,13 +10,13 @@ import torch
 from exercises.framework import SOLUTIONS, Bug, Case, Mutant, change
 from exercises.solutions import ex07_prefill_flops as solution
 from orthros import Orthros, OrthrosConfig
-from perf import bench
+from perf import flops
 
 TITLE, DIFFICULTY, MINUTES = "Prefill FLOPs", 3, 35
 FUNCTIONS = ("attended_pairs", "prefill_flops")
-REFERENCE = SimpleNamespace(attended_pairs=bench.attended_pairs, prefill_flops=solution.prefill_flops)
-FORBIDDEN = dict.fromkeys((bench.forward_flops, bench.prefill_flop_limits, bench.train_flops),
-                          "perf/bench.py's FLOP count, which the checker compares yours with: count them yourself")
+REFERENCE = SimpleNamespace(attended_pairs=flops.attended_pairs, prefill_flops=solution.prefill_flops)
+FORBIDDEN = dict.fromkeys((flops.forward_flops, flops.prefill_flop_limits, flops.train_flops),
+                          "perf/flops.py's FLOP count, which the checker compares yours with: count them yourself")
 PAPER = "T=300), orthros, the paper's"
 
 HINTS = [
@@ -32,7 +32,7 @@ HINTS = [
     " plus the one output query's full row for Orthros. Times n_layer, plus 2 C V for the LM head at the one position "
     "with logits.",
     "Paper, section 3.3 (Complexity Analysis): sliding window attention O(TWd), full cross-attention O(T_out T d), "
-    "token-wise projections O((T + T_out) d^2); prefilling has T_out = 1. In the repo: perf/bench.py, forward_flops "
+    "token-wise projections O((T + T_out) d^2); prefilling has T_out = 1. In the repo: perf/flops.py, forward_flops "
     "and prefill_flop_limits.",
 ]
 
@@ -50,12 +50,12 @@ BUGS = [
         {"+ 2 * C * V": "+ 2 * C * V * T"}),
 ]
 MUTANTS = [
-    Mutant("bench.forward_flops returned", "your code called perf.bench.forward_flops",
-           {SOLUTION: "from perf import bench\n\n\n" + SOLUTION, LOADED: "    return bench.forward_flops(cfg, T, 1)\n"}),
-    Mutant("bench.forward_flops captured at import", "holds perf.bench.forward_flops",
-           {SOLUTION: "from perf.bench import forward_flops as _count\n\n\n" + SOLUTION, LOADED: "    return _count(cfg, T, 1)\n"}),
-    Mutant("bench's attended_pairs imported for prefill_flops", "holds perf.bench.attended_pairs",
-           {SOLUTION: "from perf.bench import attended_pairs as pairs\n\n\n" + SOLUTION}),
+    Mutant("flops.forward_flops returned", "your code called perf.flops.forward_flops",
+           {SOLUTION: "from perf import flops\n\n\n" + SOLUTION, LOADED: "    return flops.forward_flops(cfg, T, 1)\n"}),
+    Mutant("flops.forward_flops captured at import", "holds perf.flops.forward_flops",
+           {SOLUTION: "from perf.flops import forward_flops as _count\n\n\n" + SOLUTION, LOADED: "    return _count(cfg, T, 1)\n"}),
+    Mutant("perf/flops.py's attended_pairs imported for prefill_flops", "holds perf.flops.attended_pairs",
+           {SOLUTION: "from perf.flops import attended_pairs as pairs\n\n\n" + SOLUTION}),
     Mutant("attended_pairs: n_q ignored", "the last 1 of T=2 queries", {"    n_q = T if n_q is None else n_q\n": "    n_q = T\n"}),
     Mutant("attended_pairs: the window not clamped to T", "yours 0, the reference 1", {"w = min(window, T)": "w = window"}),
     Mutant("attended_pairs: / for //", "your pair count is a float", {"n_q * (n_q - 1) // 2": "n_q * (n_q - 1) / 2"}),
@@ -76,7 +76,7 @@ SIZES = {"tiny (2 x 16, 2 heads, w=4, V=37)": OrthrosConfig(vocab_size=37, n_lay
          "the paper's (12 x 768, 6 heads, w=128, V=50304)": OrthrosConfig()}
 ATTNS = ("transformer", "swa", "orthros")
 # How the count of T=5 tokens must move when one field of the tiny config changes (the base config's attn, then the field,
-# from, to): exactly as perf/bench.py's does, 0 where that does not depend on the field
+# from, to): exactly as perf/flops.py's does, 0 where that does not depend on the field
 PROBES = [("transformer", "n_head", 2, 1), ("transformer", "n_layer", 2, 3), ("transformer", "vocab_size", 37, 38),
           ("transformer", "n_embd", 16, 32), ("swa", "window", 4, 5), ("orthros", "attn", "orthros", "swa")]
 
@@ -91,28 +91,28 @@ def cases(**options):
                      f"w={window}) keys") + ", summed", output="your pair count") for T, window, n_q in calls]
     configs = [(name, dataclasses.replace(cfg, attn=attn)) for name, cfg in SIZES.items() for attn in ATTNS]
     for name, cfg in configs:
-        yield from [Case(f"bench.forward_flops(cfg, T={T}, t_out={t_out}), {cfg.attn}, {name}, with your attended_pairs "
-                         "patched into perf/bench.py", dict(cfg=cfg, T=T, t_out=t_out), patched_forward_flops, "perf/bench.py's "
+        yield from [Case(f"flops.forward_flops(cfg, T={T}, t_out={t_out}), {cfg.attn}, {name}, with your attended_pairs "
+                         "patched into perf/flops.py", dict(cfg=cfg, T=T, t_out=t_out), patched_forward_flops, "perf/flops.py's "
                          "FLOP counts (prefill, SFT, pre-training) are unchanged with your attended_pairs",
-                         output="bench.forward_flops's count") for T, t_out in ((7, 7), (300, 1), (300, 40))]
+                         output="flops.forward_flops's count") for T, t_out in ((7, 7), (300, 1), (300, 40))]
     tiny = SIZES["tiny (2 x 16, 2 heads, w=4, V=37)"]
     for attn, field, old, new in PROBES:
         cfg = dataclasses.replace(tiny, attn=attn)
         yield Case(f"prefill_flops(cfg, T=5) as cfg.{field} goes from {old!r} to {new!r}: the change of the count, the tiny "
                    f"config, {attn}", dict(cfg=cfg, changed=dataclasses.replace(cfg, **{field: new})),
                    lambda answer, cfg, changed: change(answer.prefill_flops(cfg, 5), answer.prefill_flops(changed, 5)),
-                   f"your count changes with cfg.{field} exactly as perf/bench.py's does", output="the change of your count",
-                   expected=lambda cfg, changed: bench.forward_flops(changed, 5, 1) - bench.forward_flops(cfg, 5, 1))
+                   f"your count changes with cfg.{field} exactly as perf/flops.py's does", output="the change of your count",
+                   expected=lambda cfg, changed: flops.forward_flops(changed, 5, 1) - flops.forward_flops(cfg, 5, 1))
     yield from [Case(f"prefill_flops(cfg, T={T}), {cfg.attn}, {name}", dict(cfg=cfg, T=T), "prefill_flops", "exactly "
-                     "bench.forward_flops(cfg, T, 1): token-wise matrices on every token (Orthros: T + 1), W_K, W_V on the T "
+                     "flops.forward_flops(cfg, T, 1): token-wise matrices on every token (Orthros: T + 1), W_K, W_V on the T "
                      "base tokens, 4C per attended pair, the LM head (2 C V) at one position", output="your FLOP count",
-                     expected=lambda cfg, T: bench.forward_flops(cfg, T, 1))
+                     expected=lambda cfg, T: flops.forward_flops(cfg, T, 1))
                 for name, cfg in configs for T in (1, 3, 4, 5, 7, 8, 100, 127, 128, 129, 300, 32768, 262144)]
 
 
 def patched_forward_flops(answer, cfg, T, t_out):
-    with mock.patch.multiple(bench, attended_pairs=answer.attended_pairs):
-        return bench.forward_flops(cfg, T, t_out)
+    with mock.patch.multiple(flops, attended_pairs=answer.attended_pairs):
+        return flops.forward_flops(cfg, T, t_out)
 
 
 def after_pass(answer, **options):

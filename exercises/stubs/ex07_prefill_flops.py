@@ -1,8 +1,8 @@
-"""Exercise 7: prefill FLOPs. Replace perf/bench.py's attended_pairs, and count prefill's FLOPs.
+"""Exercise 7: prefill FLOPs. Replace perf/flops.py's attended_pairs, and count prefill's FLOPs.
 
 Prefill runs the prompt (T tokens) once and predicts one token: t_out = 1. The Transformer pays
 full causal attention over T positions; SWA and Orthros's base tokens see at most w keys each;
-Orthros adds one output token, whose query attends all T keys. Count them as perf/bench.py does:
+Orthros adds one output token, whose query attends all T keys. Count them as perf/flops.py does:
 
   one multiply-add = 2 FLOPs; per layer:
     token-wise: W_Q, W_O (2 C^2 each token) and the MLP (8 C^2) on every token that flows
@@ -17,9 +17,9 @@ Orthros adds one output token, whose query attends all T keys. Count them as per
 2. prefill_flops(cfg, T): the FLOPs of prefilling T tokens with the model cfg
    (an orthros.OrthrosConfig; cfg.attn is "transformer", "swa" or "orthros").
 
-The checker compares both with perf/bench.py (attended_pairs, and forward_flops(cfg, T, 1))
-exactly, patches your attended_pairs into perf/bench.py, and prints the FLOP-limit speedup of
-Orthros over the Transformer next to a measured CPU prefill speedup. bench.forward_flops (and its
+The checker compares both with perf/flops.py (attended_pairs, and forward_flops(cfg, T, 1))
+exactly, patches your attended_pairs into perf/flops.py, and prints the FLOP-limit speedup of
+Orthros over the Transformer next to a measured CPU prefill speedup. flops.forward_flops (and its
 other FLOP counts) are refused while your code runs: they are what the checker compares with.
 
     python -m exercises start 7       (your own copy: exercises/mine/ex07_prefill_flops.py)

@@ -1,0 +1,65 @@
+"""
+FLOP counts of one forward pass of the three attentions, from the model's config (one multiply-add
+= 2 FLOPs; norms, RoPE, softmax, activations and the embedding lookup are left out: a few percent).
+perf/bench.py's FLOP limits and MFU, train.py's MFU on CUDA, and exercise 7's reference use them.
+"""
+
+import dataclasses
+
+
+def attended_pairs(T, window=None, n_q=None):
+    """Number of (query, key) pairs a causal attention over T positions computes, for its last
+    n_q queries (default all T), each seeing at most `window` keys (None = all keys <= itself)."""
+    n_q = T if n_q is None else n_q
+    if window is None:  # query at position t sees t + 1 keys, for t = T - n_q .. T - 1
+        return n_q * T - n_q * (n_q - 1) // 2
+    assert n_q == T, "windowed attention runs over whole sequences"
+    w = min(window, T)  # the first w queries see 1, 2, ..., w keys; every later one sees w
+    return w * (w + 1) // 2 + (T - w) * window
+
+
+def forward_flops(cfg, T, t_out, lm_head_tokens=None):
+    """FLOPs of one forward over one sequence of T tokens whose last t_out are output positions
+    (pre-training t_out = T, prefill t_out = 1), for cfg.attn. Per layer:
+      token-wise: W_Q, W_O (2C^2) and the MLP (8C^2 by default) on every token that flows through
+        the layer (Orthros: T base + t_out output tokens), W_K, W_V (2C^2, less with grouped-query
+        attention) on the T base tokens only;
+      attention: QK^T and PV, 2 * 2 * C FLOPs per (query, key) pair (C = n_head * head_dim);
+        Transformer: causal, T(T+1)/2 pairs; SWA and Orthros's base tokens: <= w keys per query;
+        Orthros's output tokens: full causal cross-attention of its t_out queries.
+    Plus the LM head, 2 C V per position with logits (t_out of them: prefill returns 1)."""
+    C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
+    kv_width = C // cfg.n_head * (getattr(cfg, "n_kv_head", None) or cfg.n_head)
+    hidden = getattr(cfg, "mlp_hidden", None) or 4 * C
+    mlp = (3 if getattr(cfg, "mlp", "gelu") == "swiglu" else 2) * C * hidden
+    n_tokens = T + t_out if cfg.attn == "orthros" else T
+    tokenwise = 2 * ((2 * C * C + mlp) * n_tokens + 2 * C * kv_width * T)
+    if cfg.attn == "transformer":
+        pairs = attended_pairs(T)
+    else:
+        pairs = attended_pairs(T, cfg.window)
+        if cfg.attn == "orthros":
+            pairs += attended_pairs(T, None, n_q=t_out)
+    lm_head = 2 * C * V * (t_out if lm_head_tokens is None else lm_head_tokens)
+    return L * (tokenwise + 4 * C * pairs) + lm_head
+
+
+def prefill_flop_limits(cfg, T, attn):
+    """The best prefill speedup over the Transformer that FLOP counts allow: FLOPs(Transformer) /
+    FLOPs(attn), both prefilling T tokens with logits at the last one only. Also returned: the
+    same ratio with the LM head counted on all T tokens ("2 x params per token", tied embedding).
+    NOTE: at the default size (12 x 768, w=128, V=50304) the first gives 4.4x / 14.8x / 28.6x at
+    32K / 128K / 256K; the second (the usual "2 x params per token" count) gives 3.38x / 10.57x /
+    20.16x. prefill() only runs the LM head at the last position, so
+    the first is the true limit for this code; the second is the more conservative figure."""
+    ref, mine = dataclasses.replace(cfg, attn="transformer"), dataclasses.replace(cfg, attn=attn)
+    exact = forward_flops(ref, T, 1) / forward_flops(mine, T, 1)
+    all_tokens = forward_flops(ref, T, 1, lm_head_tokens=T) / forward_flops(mine, T, 1, lm_head_tokens=T)
+    return exact, all_tokens
+
+
+def train_flops(cfg, T, batch, t_out=None):
+    """FLOPs of one training step of `batch` sequences: forward + backward (2x forward). Pre-training
+    has t_out = T (the default): Orthros's forward then does token-wise work on 2T tokens (K, V on T),
+    SWA for T base queries, causal cross-attention for T output queries, the LM head on T outputs."""
+    return 3 * batch * forward_flops(cfg, T, T if t_out is None else t_out)
