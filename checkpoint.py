@@ -13,11 +13,12 @@ A checkpoint is a dict saved by torch.save, holding only tensors and plain value
     model         the model's state_dict
     model_config  the OrthrosConfig fields, as a dict
     step          optimizer steps taken
-    and, from train.py: optimizer, best_val_loss, train_config, config_name, tokenizer, dataset, rng.
+    and, from train.py: optimizer (its state keyed by parameter name), best_val_loss, train_config,
+    config_name, tokenizer, dataset, rng (training_state and restore_training_state).
 
-Also here: the rules of a run's folder (a run never writes over another run's files), and,
-because train.py and sample.py both need them and no script imports another, the device choice
-(pick_device, sync) and the command line's one-line errors (ArgumentParser).
+Also here: the rules of a run's folder (a run never writes over another run's files, and how to
+resume it), and, because train.py and sample.py both need them and no script imports another, the
+device (pick_device, sync, compile_works) and the command line's one-line errors (ArgumentParser).
 """
 
 import argparse
@@ -89,6 +90,29 @@ def model_from_checkpoint(ckpt, **config_overrides):
     return model
 
 
+def training_state(model, optimizer, data_rng):
+    """What resuming needs besides the step: the model's and the optimizer's full states, on the CPU, the
+    optimizer's keyed by parameter name (whatever the number of processes and the sharding: under FSDP every
+    rank gathers its shards, and rank 0 writes them), and the random states (the batches' generator, torch's,
+    CUDA's). restore_training_state puts them back."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    cuda = next(model.parameters()).is_cuda
+    return dict(model=get_model_state_dict(model, options=full), optimizer=get_optimizer_state_dict(model, optimizer, options=full),
+                rng={"data": data_rng.get_state(), "torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if cuda else {})})
+
+
+def restore_training_state(ckpt, model, optimizer, data_rng, sharded=False):
+    """Resume from a checkpoint: its optimizer state into optimizer (whose model may be sharded: FSDP), and its
+    random states. (The model's weights are loaded when it is built, before any sharding.)"""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=sharded))
+    data_rng.set_state(ckpt["rng"]["data"])
+    torch.set_rng_state(ckpt["rng"]["torch"])
+    if "cuda" in ckpt["rng"] and next(model.parameters()).is_cuda:
+        torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
+
+
 def find_latest_checkpoint(out_dir):
     """The most recently written checkpoint (*.pt) under out_dir, searching subfolders too."""
     found = [p for p in Path(out_dir).rglob("*.pt") if p.is_file()]
@@ -115,6 +139,12 @@ def claim_out_dir(out_dir, init_from, overwrite):
     if present and init_from != "resume" and not overwrite:
         raise ValueError(f"{out_dir} already holds a run ({', '.join(present)}). Continue it with --init_from "
                          "resume, start a new one with --out_dir NEW_DIR, or replace it with --overwrite true")
+
+
+def resume_command(argv):
+    """The command line that continues this run: the same options, with --init_from resume."""
+    kept = re.sub(r"\s*--(init_from|overwrite)(=|\s+)\S+", "", " " + " ".join(argv)).strip()
+    return f"python train.py {kept} --init_from resume".replace("  ", " ")
 
 
 def open_log(out_dir, resume, overwrite, start_step):
@@ -153,6 +183,15 @@ def pick_device(name="auto"):
     if kind not in ("cuda", "mps", "cpu") or (kind != "cuda" and index):
         raise ValueError(f"unknown device {name!r}: choose auto, cpu, cuda, cuda:N or mps")
     return name
+
+
+def compile_works(device):
+    """Whether torch.compile works here (it needs Triton on GPUs, a C++ compiler on CPU): a note, not a traceback."""
+    try:
+        return torch.compile(lambda x: x + 1)(torch.ones(1, device=device)) is not None
+    except Exception as e:
+        print(f"note: torch.compile does not work here ({type(e).__name__}: {str(e).splitlines()[0][:200]}); training without it")
+        return False
 
 
 def sync(device):

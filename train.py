@@ -22,7 +22,6 @@ import functools
 import json
 import math
 import os
-import re
 import signal
 import sys
 import time
@@ -32,21 +31,20 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_optimizer_state_dict)
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from checkpoint import ArgumentParser, claim_out_dir, load_start, open_log, pick_device, save_checkpoint
+from checkpoint import (ArgumentParser, claim_out_dir, compile_works, load_start, open_log, pick_device, resume_command,
+                        restore_training_state, save_checkpoint, training_state)
 from data.prepare_utils import PretrainBatches, atomic_write, find_dataset, load_meta
 from data.sft import SFTBatches, exact_match_report
 from data.tokenizer import get_tokenizer
 from orthros import Orthros, OrthrosConfig, compile_blocks
+from perf.flops import forward_flops, peak_flops
 
 
 def option(default, help, check=None):
-    """A TrainConfig field: its default, its --help text, and check = (accepts(value), what it
-    accepts) or None. The model's fields are checked once, by OrthrosConfig (orthros.py)."""
+    """A TrainConfig field: default, --help text, check = (accepts(value), words) (model fields: OrthrosConfig's)."""
     return field(default=default, metadata={"help": help, "check": check})
 
 
@@ -58,8 +56,7 @@ def one_of(*choices):
     return (lambda v: v in choices), f"must be one of {', '.join(choices)}"
 
 
-FRACTION = (lambda v: 0 <= v <= 1), "must be in [0, 1]"
-BELOW_ONE = (lambda v: 0 <= v < 1), "must be in [0, 1)"
+FRACTION, BELOW_ONE = ((lambda v: 0 <= v <= 1), "must be in [0, 1]"), ((lambda v: 0 <= v < 1), "must be in [0, 1)")
 
 
 @dataclass
@@ -129,8 +126,7 @@ CONFIGS = {  # named presets: each sets only what differs from the defaults abov
 }
 
 
-def fail(message):
-    """Stop with one line on stderr: what is wrong and what to do."""
+def fail(message):  # stop with one line on stderr: what is wrong and what to do
     raise SystemExit(f"error: {message}")
 
 
@@ -148,7 +144,9 @@ def value_parser(typ):
     return parse
 
 
-def build_parser():
+def parse_args(argv):
+    """--config NAME plus --key value overrides -> (config name, TrainConfig), every value checked. --help
+    lists every field of TrainConfig with its help, and what each named config sets."""
     presets = "\n".join(f"  {name:<12} " + (" ".join(f"{k}={v}" for k, v in preset.items()) or "the defaults below")
                         for name, preset in CONFIGS.items())
     parser = ArgumentParser(prog="python train.py", description=__doc__, allow_abbrev=False,
@@ -158,12 +156,7 @@ def build_parser():
     for f in fields(TrainConfig):
         parser.add_argument(f"--{f.name}", type=value_parser(f.type), default=argparse.SUPPRESS, metavar=f.type.__name__.upper(),
                             help=f"{f.metadata['help']} (default: {f.default!r})".replace("%", "%%"))
-    return parser
-
-
-def parse_args(argv):
-    """--config NAME plus --key value overrides -> (config name, TrainConfig), every value checked."""
-    args, unknown = build_parser().parse_known_args(argv)
+    args, unknown = parser.parse_known_args(argv)
     if unknown:
         key = unknown[0].split("=")[0]
         fail((f"unknown option {key}" if key.startswith("--") else f"expected --key value, got {unknown[0]!r}")
@@ -225,10 +218,9 @@ def lr_at(step, cfg):
 
 
 def shard(model, activation_checkpointing, bf16):
-    """FSDP2, in place: each Block, then the rest (embedding, final norm, head), becomes a unit whose
-    weights, gradients and optimizer state are split across the processes and gathered only while
-    it runs. bf16 compute with float32 gradient reduction where bf16 runs; with activation
-    checkpointing a block's activations are recomputed in the backward pass instead of stored."""
+    """FSDP2, in place: each Block, then the rest (embedding, final norm, head), becomes a unit whose weights,
+    gradients and optimizer state are split across the processes and gathered only while it runs. bf16 compute
+    with float32 gradient reduction where bf16 runs; activation checkpointing recomputes a block's activations."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     for block in model.blocks:
@@ -238,22 +230,13 @@ def shard(model, activation_checkpointing, bf16):
     fully_shard(model, mp_policy=policy)
 
 
-def compile_works(device):
-    """Whether torch.compile works here (it needs Triton on GPUs, a C++ compiler on CPU): a note, not a traceback."""
-    try:
-        return torch.compile(lambda x: x + 1)(torch.ones(1, device=device)) is not None
-    except Exception as e:
-        print(f"note: torch.compile does not work here ({type(e).__name__}: {str(e).splitlines()[0][:200]}); training without it")
-        return False
-
-
 # -----------------------------------------------------------------------------
-# The run's folder: never write over another run's files; Ctrl-C saves
+# The run: Run reads and checks everything (writing nothing), then train() is the loop; Ctrl-C saves
 
 class StopRequest:
-    """While the run writes: SIGINT (Ctrl-C) and SIGTERM ask the loop to stop after the current step
-    and save ckpt_last.pt. A second Ctrl-C stops at once (KeyboardInterrupt), without saving; a
-    repeated SIGTERM just waits. Before it, Ctrl-C ends the run the way Python does: nothing is written yet."""
+    """While the run writes: SIGINT (Ctrl-C) and SIGTERM ask the loop to stop after the current step and save
+    ckpt_last.pt. A second Ctrl-C stops at once (KeyboardInterrupt), without saving; a repeated SIGTERM just
+    waits. Before it, Ctrl-C ends the run the way Python does: nothing is written yet."""
 
     def __enter__(self):
         self.signal = None
@@ -272,25 +255,14 @@ class StopRequest:
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt
 
-
-def resume_command(argv):
-    """The command line that continues this run: the same options, with --init_from resume."""
-    kept = re.sub(r"\s*--(init_from|overwrite)(=|\s+)\S+", "", " " + " ".join(argv)).strip()
-    return f"python train.py {kept} --init_from resume".replace("  ", " ")
-
-
-# -----------------------------------------------------------------------------
-# The run: Run reads and checks everything (writing nothing), then train() is the loop
-
 class Run:
     """A run's state: device and DDP rank, data, model, optimizer, step, and its out_dir."""
 
     def __init__(self, config_name, cfg):
         self.config_name, self.cfg, self.out_dir = config_name, cfg, Path(cfg.out_dir)
-        self.ddp = int(os.environ.get("RANK", -1)) != -1  # set by torchrun: DDP, or FSDP with --fsdp
-        self.rank, self.world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if self.ddp else (0, 1)
-        self.master = self.rank == 0  # rank 0 logs and saves
-        self.fsdp = self.ddp and cfg.fsdp
+        self.ddp = "RANK" in os.environ  # set by torchrun: DDP, or FSDP with --fsdp
+        self.rank, self.world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        self.master, self.fsdp = self.rank == 0, self.ddp and cfg.fsdp  # rank 0 logs and saves
         if not self.ddp and (cfg.fsdp or cfg.activation_checkpointing):
             print("note: --fsdp and --activation_checkpointing act only under torchrun; one process trains as usual")
         # Our own errors (bad options, missing data, a foreign checkpoint, a missing optional package) say
@@ -319,7 +291,7 @@ class Run:
             claim_out_dir(cfg.out_dir, cfg.init_from, cfg.overwrite)
         except (ValueError, FileNotFoundError, UnicodeDecodeError, ImportError) as e:
             fail(str(e).splitlines()[0])
-        self.device_type = torch.device(self.device).type
+        self.device_type, self.peak_flops = torch.device(self.device).type, peak_flops(self.device)
         bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and self.device_type == "cuda" and torch.cuda.is_bf16_supported())
         self.ctx = torch.autocast(self.device_type, dtype=torch.bfloat16) if bf16 and not self.fsdp else nullcontext()
         self.precision = ("bfloat16" + (" (FSDP)" if self.fsdp else " autocast")) if bf16 else "float32"
@@ -334,13 +306,8 @@ class Run:
         self.train_gen = torch.Generator().manual_seed(cfg.seed)  # draws the training batches
         self.step, self.best_val = 0, float("inf")
         if ckpt is not None and cfg.init_from == "resume":
-            set_optimizer_state_dict(self.raw_model, self.optimizer, ckpt["optimizer"],
-                                     options=StateDictOptions(full_state_dict=self.fsdp))
+            restore_training_state(ckpt, self.raw_model, self.optimizer, self.train_gen, sharded=self.fsdp)
             self.step, self.best_val = ckpt["step"], ckpt["best_val_loss"]
-            self.train_gen.set_state(ckpt["rng"]["data"])
-            torch.set_rng_state(ckpt["rng"]["torch"])
-            if "cuda" in ckpt["rng"] and self.device_type == "cuda":
-                torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
         self.start_step, self.saved, self.log_file = self.step, {}, None  # saved: checkpoint name -> step
 
     def print(self, *args):
@@ -349,22 +316,17 @@ class Run:
 
     def log(self, record):
         if self.master:
-            self.log_file.write(json.dumps(record) + "\n")
-            self.log_file.flush()
+            print(json.dumps(record), file=self.log_file, flush=True)
 
     def checkpoint(self, name):
         """Save everything a resume needs: model, optimizer, step, configs and the random states. Every
         rank calls it: under FSDP the full (unsharded) states are gathered to rank 0, which writes them."""
-        full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the optimizer's keyed by parameter name
-        model, optimizer = get_model_state_dict(self.raw_model, options=full), get_optimizer_state_dict(
-            self.raw_model, self.optimizer, options=full)
+        state = training_state(self.raw_model, self.optimizer, self.train_gen)
         self.saved[name] = self.step
-        rng = {"data": self.train_gen.get_state(), "torch": torch.get_rng_state(),
-               **({"cuda": torch.cuda.get_rng_state()} if self.device_type == "cuda" else {})}
         if self.master:
-            save_checkpoint(self.out_dir / name, model=model, optimizer=optimizer, step=self.step, best_val_loss=self.best_val,
+            save_checkpoint(self.out_dir / name, **state, step=self.step, best_val_loss=self.best_val,
                             model_config=dataclasses.asdict(self.raw_model.config), train_config=dataclasses.asdict(self.cfg),
-                            config_name=self.config_name, tokenizer=self.tokenizer_name, dataset=self.cfg.dataset, rng=rng)
+                            config_name=self.config_name, tokenizer=self.tokenizer_name, dataset=self.cfg.dataset)
 
     @torch.no_grad()
     def evaluate(self):
@@ -397,7 +359,7 @@ class Run:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         split = cfg.curriculum if cfg.curriculum and self.step < cfg.curriculum_frac * cfg.max_iters else "train"
-        loss_sum, n_tokens, out_share = torch.zeros((), device=self.device), 0, 0.0
+        loss_sum, n_tokens, flops, out_share = torch.zeros((), device=self.device), 0, 0, 0.0
         for micro in range(cfg.grad_accum):
             # Every rank draws the same global batch and keeps its own slice: the result does not
             # depend on how many processes share the work.
@@ -405,6 +367,7 @@ class Run:
             mine = slice(self.rank * cfg.batch_size, (self.rank + 1) * cfg.batch_size)
             x, y = x[mine], y[mine]
             n_tokens += x.numel() * self.world
+            flops += 3 * x.size(0) * forward_flops(self.raw_model.config, x.size(1), t_out)  # this process's: forward + backward
             out_share += t_out / x.size(1) / cfg.grad_accum  # 1.0 in pre-training; SFT runs T + t_out, not 2T
             sync_grads = not self.ddp or micro == cfg.grad_accum - 1
             if self.fsdp:
@@ -416,14 +379,17 @@ class Run:
         if self.ddp:
             dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
         if not math.isfinite(loss_sum.item()):
-            raise FloatingPointError(f"the training loss is {loss_sum.item()} at step {self.step + 1}")
+            last = (f"the last good checkpoint ({self.out_dir}/ckpt_last.pt, step {self.saved['ckpt_last.pt']}) is "
+                    "untouched" if "ckpt_last.pt" in self.saved else "no checkpoint had been written yet")
+            raise FloatingPointError(f"the training loss is {loss_sum.item()} at step {self.step + 1}. Stopping; {last}. "
+                                     "Try a lower --lr, or --dtype float32.")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.grad_clip or float("inf"))
         grad_norm = (grad_norm.full_tensor() if self.fsdp else grad_norm).item()  # under FSDP a DTensor
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         return {"step": self.step, "loss": loss_sum.item(), "lr": lr, "grad_norm": grad_norm, "tokens": n_tokens,
-                "t_out_share": out_share}
+                "flops": flops, "t_out_share": out_share}
 
     def stop_requested(self, stop):
         """Whether a stop was asked for, on any rank (they must all stop at the same step)."""
@@ -458,16 +424,19 @@ def train(run, argv):
             record = run.train_step(model)
             seconds = time.perf_counter() - t_last
             record.update(ms_per_step=1000 * seconds, tok_per_s=record.pop("tokens") / seconds)
+            if run.peak_flops:  # a GPU perf/flops.py knows: the model FLOPs utilization
+                record["mfu"] = record["flops"] / seconds / run.peak_flops
             if run.device_type == "cuda":  # the most this process's tensors have held so far
                 record["max_memory_gb"] = torch.cuda.max_memory_allocated() / 1e9
             run.log(record)
-            sft = {"t_out/T": f"{record['t_out_share']:.2f}"} if cfg.task == "sft" else {}
+            extra = {"t_out/T": f"{record['t_out_share']:.2f}"} if cfg.task == "sft" else {}
+            extra.update({"MFU": f"{record['mfu']:.1%}"} if "mfu" in record else {})
             if not bar.disable:
                 bar.update(1)
-                bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tok_per_s']:,.0f}", **sft)
+                bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tok_per_s']:,.0f}", **extra)
             elif run.step % cfg.log_interval == 0:
                 run.print(f"step {run.step}: loss {record['loss']:.4f}, {record['ms_per_step']:.1f} ms/step, "
-                          f"{record['tok_per_s']:,.0f} tok/s" + "".join(f", {k} {v}" for k, v in sft.items()))
+                          f"{record['tok_per_s']:,.0f} tok/s" + "".join(f", {k} {v}" for k, v in extra.items()))
             if run.step % cfg.eval_interval == 0 or run.step == cfg.max_iters:
                 run.evaluate()
             t_last = time.perf_counter()  # after the eval: each step is timed alone
@@ -484,9 +453,8 @@ def sft_report(run):
     """What the T_in/T_out split saved, and the exact-match accuracy on test.jsonl if there is one."""
     shares = [r["t_out_share"] for r in map(json.loads, open(run.out_dir / "log.jsonl")) if "t_out_share" in r] if run.master else []
     if shares:
-        mean = sum(shares) / len(shares)
-        run.print(f"SFT: the output stream covered {mean:.1%} of the positions on average: the T_in/T_out "
-                  f"split saved {1 - mean:.1%} of the output-token work against t_out = T")
+        run.print(f"SFT: the output stream covered {sum(shares) / len(shares):.1%} of the positions on average: the "
+                  f"T_in/T_out split saved {1 - sum(shares) / len(shares):.1%} of the output-token work against t_out = T")
     if not (run.master or run.fsdp):  # under FSDP every rank takes part in each forward
         return
 
@@ -511,9 +479,7 @@ def main(argv=None):
             sft_report(run)
     except FloatingPointError as e:
         if run.master:
-            last = (f"the last good checkpoint ({run.out_dir}/ckpt_last.pt, step {run.saved['ckpt_last.pt']}) is untouched"
-                    if "ckpt_last.pt" in run.saved else "no checkpoint had been written yet")
-            print(f"\nerror: {e}. Stopping; {last}. Try a lower --lr, or --dtype float32.", file=sys.stderr)
+            print(f"\nerror: {e}", file=sys.stderr)
         raise SystemExit(1)
     finally:
         if run.log_file is not None:

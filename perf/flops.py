@@ -6,6 +6,8 @@ perf/bench.py's FLOP limits and MFU, train.py's MFU on CUDA, and exercise 7's re
 
 import dataclasses
 
+import torch
+
 
 def attended_pairs(T, window=None, n_q=None):
     """Number of (query, key) pairs a causal attention over T positions computes, for its last
@@ -63,3 +65,11 @@ def train_flops(cfg, T, batch, t_out=None):
     has t_out = T (the default): Orthros's forward then does token-wise work on 2T tokens (K, V on T),
     SWA for T base queries, causal cross-attention for T output queries, the LM head on T outputs."""
     return 3 * batch * forward_flops(cfg, T, T if t_out is None else t_out)
+
+
+def peak_flops(device):
+    """The GPU's dense bf16 peak FLOP/s (vendors' figures), for MFU, model FLOPs utilization: forward_flops'
+    count per second over this. None on a CPU and on a GPU not in the table (train.py then logs no MFU)."""
+    name = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else ""
+    tflops = {"H100": 989, "H200": 989, "B200": 2250, "A100": 312}
+    return next((1e12 * peak for gpu, peak in tflops.items() if gpu in name), None)

@@ -23,6 +23,7 @@ from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from data.sft import collate, encode_example
 from data.tokenizer import get_tokenizer
 from orthros import Orthros, OrthrosConfig
+from perf.flops import forward_flops
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--config", "tiny", "--device", "cpu", "--eval_iters", "2"]
@@ -218,10 +219,12 @@ def test_shape_options_ignored_by_a_checkpoint_are_reported(pretrained, tmp_path
 # What a run prints and logs
 
 def test_an_eval_is_not_counted_in_the_next_steps_speed(tmp_path, monkeypatch):
-    """ms/step and tokens/s time each step alone: on a clock that gives every step 1 s and every
-    evaluation 100 s, every step logs 1000 ms and its tokens per second."""
+    """ms/step, tokens/s and MFU time each step alone: on a clock that gives every step 1 s and every
+    evaluation 100 s, every step logs 1000 ms, its tokens per second, and (on a device whose peak is
+    known: here 1 TFLOP/s, as if a GPU) perf/flops.py's count of its FLOPs per second over that peak."""
     clock = {"now": 0.0}
     monkeypatch.setattr(train, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
+    monkeypatch.setattr(train, "peak_flops", lambda device: 1e12)
     real_step, real_evaluate = train.Run.train_step, train.Run.evaluate
     def train_step(self, model):
         clock["now"] += 1.0
@@ -235,6 +238,16 @@ def test_an_eval_is_not_counted_in_the_next_steps_speed(tmp_path, monkeypatch):
     steps = [r for r in map(json.loads, open(tmp_path / "log.jsonl")) if "loss" in r]
     assert [r["ms_per_step"] for r in steps] == [1000.0] * 6
     assert [r["tok_per_s"] for r in steps] == [16 * 128] * 6   # batch 16 x seq_len 128 tokens in 1 s
+    config = OrthrosConfig(**load_checkpoint(tmp_path / "ckpt_last.pt")["model_config"])
+    assert [r["mfu"] for r in steps] == [3 * 16 * forward_flops(config, 128, 128) / 1e12] * 6   # forward + backward
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_steps_log_their_mfu_and_memory(tmp_path):
+    """On a GPU that perf/flops.py knows, every step's record holds its MFU (a fraction in (0, 1)) and the peak memory."""
+    run_train(tmp_path, "--device", "cuda", "--max_iters", "5", "--eval_interval", "5")
+    steps = [r for r in map(json.loads, open(tmp_path / "log.jsonl")) if "loss" in r]
+    assert all(0 < r["mfu"] < 1 and r["max_memory_gb"] > 0 for r in steps), steps
 
 
 def test_a_run_into_a_file_logs_one_line_per_interval(tmp_path):
@@ -272,9 +285,11 @@ def test_ctrl_c_in_a_real_process_saves_and_prints_how_to_resume(tmp_path):
     assert load_checkpoint(tmp_path / "ckpt_last.pt")["step"] >= 1
 
 
-def test_help_lists_every_option_with_its_help_and_the_configs():
+def test_help_lists_every_option_with_its_help_and_the_configs(capsys):
     """train.py --help shows each TrainConfig field with its help text, and what every named config sets."""
-    text = " ".join(train.build_parser().format_help().split())
+    with pytest.raises(SystemExit):
+        train.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
     for f in fields(train.TrainConfig):
         assert f"--{f.name}" in text and " ".join(f.metadata["help"].split()) in text, f.name
     for name, preset in train.CONFIGS.items():
