@@ -5,8 +5,8 @@ with edits; the reference), each on its own deep copy of the inputs. What the an
 reference's output (or expected(**inputs)): its form first (type; shape, dtype, device; length or keys), then its values
 (to TOLERANCE); or compare(output, right) or holds(output) says what is wrong. The inputs must come back unchanged.
 While the answer runs, the reference and FORBIDDEN raise however reached (their __code__ is swapped); a file that
-imports from exercises/ is refused. What the checker's own code raises is its error, never the student's, but in
-`with using("your model(idx)")` (code that uses what the answer returned) and Wrong("...") (a failure in words).
+imports from exercises/ is refused. What the checker's own code raises is its error, never the student's, but in `with
+using("your model(idx)")` (code that uses what the answer returned) and Wrong("...") (a failure in words).
 """
 
 import ast
@@ -97,12 +97,11 @@ def stub_source(spec):
 
 
 def solved_source(spec):
-    """The stored solution's file. A function that the exercise replaces is imported there from the repository
-    (`from orthros import in_window`): here that line becomes the function's own source, written in."""
+    """The stored solution's file, where a line that imports a function the exercise replaces from the repository
+    (`from orthros import in_window`) becomes that function's own source."""
     source = (SOLUTIONS / f"{spec.__name__.rsplit('.', 1)[-1]}.py").read_text()
-    for name in spec.FUNCTIONS:
-        fn = getattr(spec.REFERENCE, name)
-        line = f"from {fn.__module__} import {name}\n"
+    for fn in (getattr(spec.REFERENCE, name) for name in spec.FUNCTIONS):
+        line = f"from {fn.__module__} import {fn.__name__}\n"
         if line in source:
             source = source.replace(line, "") + "\n\n" + inspect.getsource(fn)
     return source
@@ -288,7 +287,6 @@ def cases_of(spec, options):
     if key not in CACHE:
         CACHE[key] = (spec, list(spec.cases(**options)), {})   # (the spec: its id stays its own)
     _, cases, truths = CACHE[key]
-
     def truth(i, case):   # the right output, once: expected(**inputs), or the reference's call, on its own inputs
         if i not in truths and not (case.holds and not case.expected):
             inputs = fresh(case)
@@ -497,8 +495,8 @@ def relpath(path):
         return str(path)
 
 
-def answer_line(error):
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename in ANSWER_FILES]
+def answer_line(error, mine=lambda filename: filename in ANSWER_FILES):
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if mine(f.filename)]
     return f" (at {relpath(frames[-1].filename)}, line {frames[-1].lineno})" if frames else ""
 
 
@@ -518,8 +516,7 @@ def failure(case, outcome, named):
 
 
 def checker_failure(case, error):
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename.startswith(str(HERE))]
-    where = f" (at {relpath(frames[-1].filename)}, line {frames[-1].lineno})" if frames else ""
+    where = answer_line(error, lambda filename: filename.startswith(str(HERE)))   # the checker's own line
     return (f"ERROR. The checker's own code failed on this case, not your code:\n  {case.what if case else 'outside the cases'}"
             f"\n  {one_line(error)}{where}\n  This is a bug in the checker: please show this message to your teacher.")
 

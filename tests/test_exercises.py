@@ -134,7 +134,6 @@ def test_refused_functions_raise_even_when_captured_before_the_check_and_are_res
     """A refused method captured at import time (f = Orthros.forward) raises while the answer runs, even if the answer
     catches it, and works again afterwards; so after Ctrl-C inside an answer, which stops the check."""
     captured, code, model = orthros.Orthros.forward, orthros.Orthros.forward.__code__, framework.tiny_model()
-
     def answer(x):
         try:
             captured(model, torch.zeros(1, 1, dtype=torch.long))

@@ -39,8 +39,6 @@ HINTS = [
 SHAPES = "    B, H, T, D = q.shape\n"
 MASK = "mask = in_window(q_pos, k_pos, w) & (k_pos >= 0)"
 ATTEND = "    y = sdpa(q, k, v, mask, dropout_p=dropout_p)"
-BLOCKS = "    blk = torch.arange(n_blocks, device=q.device)[:, None, None]\n"
-DEF = "def blocked_sliding_window_attention("
 BUGS = [
     Bug("the padding block in front not masked", "without k_pos >= 0, the queries of block 0 also attend the w zero keys "
         "of the padding (score 0, value 0): their softmax is diluted.", {MASK: "mask = in_window(q_pos, k_pos, w)"}),
@@ -77,12 +75,12 @@ MUTANTS = [
     Mutant("computed in float64 (.double())", "your output has dtype torch.float64, expected torch.float32",
            {SHAPES: "    q, k, v = q.double(), k.double(), v.double()\n" + SHAPES}),
     Mutant("the positions made on the CPU", "is not on the expected device meta",
-           {BLOCKS: "    blk = torch.arange(n_blocks)[:, None, None]\n", "torch.arange(w, device=q.device)": "torch.arange(w)",
+           {"torch.arange(n_blocks, device=q.device)": "torch.arange(n_blocks)", "torch.arange(w, device=q.device)": "torch.arange(w)",
             "torch.arange(2 * w, device=q.device)": "torch.arange(2 * w)"}),
     Mutant("q.view when T is whole blocks", "view size is not compatible",
            {"q = F.pad(q, (0, 0, 0, pad)).reshape(": "q = (F.pad(q, (0, 0, 0, pad)) if pad else q).view("}),
     Mutant("the band mask remembered per size, whatever the device", "after the same T and w on the CPU",
-           {DEF: "_BANDS = {}   # one band mask per size\n\n\n" + DEF,
+           {"\ndef blocked_": "\n_BANDS = {}   # one band mask per size\n\n\ndef blocked_",
             MASK: "mask = _BANDS.setdefault((n_blocks, w), in_window(q_pos, k_pos, w) & (k_pos >= 0))"}),
 ]
 ALSO_RIGHT = (SOLUTIONS / "ex08_blocked_window_also.py").read_text()   # a right answer written otherwise
