@@ -1,7 +1,7 @@
 """
 Train Orthros, or a baseline, on one GPU, on CPU, or on several GPUs with torchrun.
 
-    python train.py --config tiny                      # 2 CPU cores: 150 steps in about 10 s
+    python train.py --config tiny                      # 2 CPU cores: 150 steps, about 17 s in all
     python train.py --config small                     # one GPU: about 2 minutes on an H200
     python train.py --config small --attn transformer  # the baselines: transformer | swa
     python train.py --config small --scale_offset false   # the paper's "w/o SO" ablation
@@ -106,7 +106,7 @@ class TrainConfig:
 
 
 CONFIGS = {  # named presets: each sets only what differs from the defaults above
-    # About 10 s on 2 CPU cores: enough to watch the loss fall.
+    # About 17 s on 2 CPU cores, start-up and evaluations included: enough to watch the loss fall.
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, window=32, seq_len=128, batch_size=16,
                  max_iters=150, lr=3e-3, warmup_iters=10, eval_interval=50, eval_iters=5),
     # A GPU command: about 2 minutes on one H200 (hours on a CPU). Head dim 64, window 128 as in the paper.
@@ -119,7 +119,7 @@ CONFIGS = {  # named presets: each sets only what differs from the defaults abov
     "recall_tiny": dict(task="sft", dataset="recall_tiny", n_layer=2, n_head=4, n_embd=64, window=32, curriculum_frac=0.75,
                         conv_kernel=3, seq_len=384, batch_size=32, max_iters=2400, lr=3e-3, warmup_iters=50,
                         eval_interval=200, eval_iters=5, curriculum="train_short", weight_decay=0.0),
-    # One layer, window 16, 40-token contexts (data/recall_micro): about 20 s on 2 CPU cores.
+    # One layer, window 16, 40-token contexts (data/recall_micro): about half a minute on one CPU core.
     "recall_micro": dict(task="sft", dataset="recall_micro", n_layer=1, n_head=2, n_embd=64, window=16, conv_kernel=2,
                          seq_len=56, batch_size=64, max_iters=600, lr=5e-3, warmup_iters=50, eval_interval=150, eval_iters=2,
                          curriculum="train_short", curriculum_frac=0.67, weight_decay=0.0),
