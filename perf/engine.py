@@ -125,7 +125,7 @@ class FastDecoder:
     model: an Orthros (any attn) in eval mode, on its device, in float32, float16 or bfloat16.
     batch_size, max_len: the cache's size (max_len <= model.config.max_seq_len; default: that).
     compile: True (or torch.compile options, e.g. {"backend": ...}) compiles the dense parts too, one
-    graph each for all layers and steps. cuda_graphs: default on CUDA. kernel_options: FlexAttention's.
+    graph each for all layers and steps. cuda_graphs: default on CUDA. kernel_options: FlexAttention's (over ours).
     NOTE: W_Q, W_K, W_V and the scale-offsets are copied (stacked) at each prefill(), the other
     weights read where they are: change weights only between generations."""
 
@@ -139,9 +139,10 @@ class FastDecoder:
         if dtype not in DTYPES:
             raise ValueError(f"FastDecoder runs FlexAttention, which computes in {', '.join(map(str, DTYPES))}; "
                              f"the model is in {dtype}: convert it (model.float()) or decode with the model's own decode()")
-        if kernel_options is None and device.type == "cuda":  # twice FlexAttention's default KV split (results/README.md, Decode)
-            kernel_options = {"SPLIT_KV": 4 * max(torch.cuda.get_device_properties(device).multi_processor_count
-                                                  // (batch_size * model.blocks[0].attn.n_kv_head), 1)}
+        if device.type == "cuda":  # twice FlexAttention's KV split, 3 stages of 32 keys (results/README.md, Decode)
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            kernel_options = {"SPLIT_KV": 4 * max(sms // (batch_size * model.blocks[0].attn.n_kv_head), 1),
+                              "BLOCK_N": 32, "num_stages": 3, **(kernel_options or {})}
         self.model, self.kernel_options, self.orthros = model, kernel_options, cfg.attn == "orthros"
         windows = (model.blocks[0].attn.window,) + ((None,) if self.orthros else ())   # per query row (None: all keys)
         with torch.inference_mode(False):  # normal tensors: writable in and out of inference mode
