@@ -101,6 +101,18 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+def eager_ms(step, warmup, steps, device):
+    """Milliseconds per call of step, eager, over `steps` calls after `warmup` calls."""
+    for _ in range(warmup):
+        step()
+    sync(device)
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync(device)
+    return 1e3 * (time.perf_counter() - t) / steps
+
+
 def timer(fn, device, reps):
     """A function of no arguments giving the median seconds per call of fn over 3 x reps calls:
     replayed as one CUDA graph on a GPU (after a warm-up call outside it: compilation), else eager."""
@@ -203,14 +215,7 @@ def naive_section(probe, args, device):
                 cache.length = ctx
                 token = torch.zeros(B, 1, dtype=torch.long, device=device)
                 step = lambda: model.decode(token, cache)
-                for _ in range(2):
-                    step()
-                sync(device)
-                t = time.perf_counter()
-                for _ in range(args.steps):
-                    step()
-                sync(device)
-                ms = 1e3 * (time.perf_counter() - t) / args.steps
+                ms = eager_ms(step, 2, args.steps, device)
                 prof = profiled(step, args.steps, device)
                 cpu = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
                 return {"ms_per_step": ms, "tokens_per_s": 1e3 * B / ms, **kernel_summary(prof, args.steps),
@@ -247,14 +252,7 @@ def profile_section(probe, args, device):
                     def step():
                         fast.cache.length = ctx   # every step at position ctx: the same work each time
                         fast.decode(token, fast.cache)
-                    for _ in range(3):
-                        step()
-                    sync(device)
-                    t = time.perf_counter()
-                    for _ in range(args.steps):
-                        step()
-                    sync(device)
-                    return {"ms_per_step_eager": 1e3 * (time.perf_counter() - t) / args.steps,
+                    return {"ms_per_step_eager": eager_ms(step, 3, args.steps, device),
                             **kernel_summary(profiled(step, args.steps, device), args.steps)}
                 rec = measure(probe, "profile", {"attn": attn, "ctx": ctx, "batch": B}, run)
                 probe.log(f"profile fast+compile {attn:>11} {ctx}x{B}: {rec['status']}")
