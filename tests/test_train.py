@@ -266,21 +266,26 @@ def test_a_run_into_a_file_logs_one_line_per_interval(tmp_path):
     assert lines[-1].startswith("done: 30 steps")
 
 
-def test_ctrl_c_in_a_real_process_saves_and_prints_how_to_resume(tmp_path):
-    """train.py under a real SIGINT, once it is logging steps, exits with code 130 and no traceback, having
-    saved ckpt_last.pt and printed the command that resumes."""
-    proc = subprocess.Popen([sys.executable, "-u", "train.py", *TINY, "--out_dir", str(tmp_path), "--max_iters", "100000",
-                             "--eval_interval", "100000", "--log_interval", "1"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:  # wait for the first step's line
-        if line.startswith("step 1:"):
+def interrupted(args, started):
+    """Run python -u *args, send SIGINT once a line of its output starts with `started`: (exit code, rest of stdout, stderr)."""
+    proc = subprocess.Popen([sys.executable, "-u", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith(started):
             break
     proc.send_signal(signal.SIGINT)
     try:
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()   # a hang fails the test and leaves no process behind
-    assert proc.returncode == 130, err
+    return proc.returncode, out, err
+
+
+def test_ctrl_c_in_a_real_process_saves_and_prints_how_to_resume(tmp_path):
+    """train.py under a real SIGINT, once it is logging steps, exits with code 130 and no traceback, having
+    saved ckpt_last.pt and printed the command that resumes."""
+    code, out, err = interrupted(["train.py", *TINY, "--out_dir", str(tmp_path), "--max_iters", "100000",
+                                  "--eval_interval", "100000", "--log_interval", "1"], "step 1:")
+    assert code == 130, err
     assert "Traceback" not in err and "Resume with: python train.py" in out
     assert load_checkpoint(tmp_path / "ckpt_last.pt")["step"] >= 1
 
@@ -563,15 +568,6 @@ def test_sample_defaults_fit_the_model(pretrained, capsys):
 
 def test_sample_ctrl_c_prints_one_line(pretrained):
     """sample.py under a real SIGINT while generating stops with one line, no traceback."""
-    proc = subprocess.Popen([sys.executable, "-u", "sample.py", "--device", "cpu", "--ckpt", str(pretrained / "ckpt_last.pt"),
-                             "--prompt", "x", "--max_new_tokens", "100000", "--no_stop"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:  # the long-generation note, then the load line: generation has started
-        if line.startswith("loaded"):
-            break
-    proc.send_signal(signal.SIGINT)
-    try:
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()   # a hang fails the test and leaves no process behind
-    assert proc.returncode != 0 and err.strip() == "interrupted", err
+    code, _, err = interrupted(["sample.py", "--device", "cpu", "--ckpt", str(pretrained / "ckpt_last.pt"), "--prompt",
+                                "x", "--max_new_tokens", "100000", "--no_stop"], "loaded")   # the load line: generating
+    assert code != 0 and err.strip() == "interrupted", err
