@@ -46,9 +46,9 @@ def one_process(tmp_path_factory):
 
 def test_ddp_then_fsdp_resumed_give_one_process_losses_and_a_checkpoint_sample_reads(tmp_path, one_process, capsys):
     """torchrun with 2 gloo processes: 3 steps under DDP, then resumed to 6 under --fsdp true with activation
-    checkpointing, give the losses of one process on the same global batch. The checkpoints between and after
-    are full (unsharded, the optimizer state by parameter name): either mode resumes the other's, and sample.py
-    reads them."""
+    checkpointing, give the losses of one process on the same global batch. The checkpoints are full (unsharded,
+    the optimizer state by parameter name), one format for both modes: FSDP resumes DDP's, and sample.py reads
+    FSDP's."""
     ddp = torchrun(tmp_path, "--max_iters", "3")
     assert ddp.returncode == 0, ddp.stderr
     assert load_checkpoint(tmp_path / "ckpt_last.pt")["step"] == 3
