@@ -84,9 +84,8 @@ def layer_in(block, z, k_cache, v_cache, conv_state, pos, rope, weights):
         q, k, v = attn.c_q(h), attn.c_k(x), attn.c_v(x)
     if alpha is not None:                                # Alg. 1, line 5: each twin's alpha * q + beta
         q = torch.addcmul(beta, alpha, q)
-    cos, sin = rope                                      # Alg. 1, lines 6-7: both twins sit at pos; (B, H, L, D)
-    # NOTE: one twin at a time: each then has k's size, and a GPU fuses their RoPE and the cache writes in one kernel
-    q = torch.cat([apply_rope(q[:, i:i + 1].view(B, 1, H, D).transpose(1, 2), cos, sin) for i in range(L)], dim=2)
+    cos, sin = rope                                      # Alg. 1, lines 6-7: both twins sit at pos
+    q = apply_rope(q.view(B, L, H, D).transpose(1, 2), cos, sin)            # (B, H, L, D)
     k_cache.index_copy_(2, pos, apply_rope(k.view(B, 1, H_kv, D).transpose(1, 2), cos, sin))
     v_cache.index_copy_(2, pos, v.view(B, 1, H_kv, D).transpose(1, 2))     # (B, H_kv, 1, D): the new token
     return q
@@ -153,7 +152,8 @@ class FastDecoder:
             self.block_mask, self.refresh_block_mask = decode_block_mask(self.pos, windows, self.cache.rows)
             with torch.no_grad():
                 self.weights = [stacked_weights(block.attn) for block in model.blocks]
-        # NOTE: past torch._dynamo's recompile_limit (8 graphs: 3 model kinds x 3 batch sizes) it runs eagerly, silently
+        # NOTE: more graphs than torch._dynamo's default recompile_limit (8), e.g. three model kinds
+        # at three batch sizes, would make it run the function eagerly without a word.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         options = compile if isinstance(compile, dict) else {}
         dense = (lambda f: torch.compile(f, fullgraph=True, dynamic=False, **options)) if compile else (lambda f: f)
