@@ -125,9 +125,9 @@ class FastDecoder:
     model: an Orthros (any attn) in eval mode, on its device, in float32, float16 or bfloat16.
     batch_size, max_len: the cache's size (max_len <= model.config.max_seq_len; default: that).
     compile: True (or torch.compile options, e.g. {"backend": ...}) compiles the dense parts too, one
-    graph each for all layers and steps. cuda_graphs: default on CUDA. kernel_options: FlexAttention's (over ours).
-    NOTE: W_Q, W_K, W_V and the scale-offsets are copied (stacked) at each prefill(), the other
-    weights read where they are: change weights only between generations."""
+    graph each for all layers and steps. cuda_graphs: default on CUDA. kernel_options: FlexAttention's,
+    over the decoder's own on CUDA. NOTE: W_Q, W_K, W_V and the scale-offsets are copied (stacked) at
+    each prefill(), the other weights read where they are: change weights only between generations."""
 
     def __init__(self, model, batch_size, max_len=None, compile=False, cuda_graphs=None, kernel_options=None):
         cfg = model.config
