@@ -6,7 +6,7 @@ the exercises read them, all through this file.
     save_checkpoint("out/run/ckpt_last.pt", model=model.state_dict(), model_config=..., step=...)
     ckpt = load_checkpoint("out/run/ckpt_last.pt")    # a dict; weights_only: opening it runs no code
     model = model_from_checkpoint(ckpt)               # orthros.Orthros with the checkpoint's weights
-    ckpt = load_checkpoint("hf:models/SmolLM2-135M")  # a Hugging Face checkpoint folder, converted (convert/hf.py)
+    ckpt = load_checkpoint("hf:models/SmolLM2-135M-Instruct")  # a Hugging Face folder, converted (convert/hf.py)
 
 A checkpoint is a dict saved by torch.save, holding only tensors and plain values:
     format        "orthros-checkpoint-v1" (anything else is refused)
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from data.prepare_utils import atomic_write
-from orthros import Orthros, OrthrosConfig
+from orthros import SCALE_OFFSETS, Orthros, OrthrosConfig
 
 CKPT_FORMAT = "orthros-checkpoint-v1"
 
@@ -44,8 +44,11 @@ def load_checkpoint(path, device="cpu"):
     """Read a checkpoint that save_checkpoint wrote. weights_only=True: opening a file cannot run code.
     "hf:DIR" converts the Hugging Face checkpoint in folder DIR instead, with window 128 (convert/hf.py)."""
     if str(path).startswith("hf:"):
-        from convert.hf import load_hf_checkpoint  # needs safetensors and tokenizers: imported only for hf:
-        return load_hf_checkpoint(str(path)[3:], device=device)
+        from convert.hf import convert_hf  # needs safetensors and tokenizers: imported only for hf:
+        folder = Path(str(path)[3:]).expanduser().resolve()
+        model_config, state_dict = convert_hf(folder, device=device)
+        return {"format": CKPT_FORMAT, "model": state_dict, "model_config": model_config, "step": 0,
+                "tokenizer": f"hf:{folder}", "source": f"hf:{folder}"}
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
@@ -54,10 +57,11 @@ def load_checkpoint(path, device="cpu"):
     except Exception as e:  # torch's own messages run to paragraphs: say why in one sentence
         with open(path, "rb") as f:
             is_zip = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
-        found = re.search(r"GLOBAL ([\w.]+)", str(e))
-        why = ("the file is truncated or corrupt (it is not a complete torch zip archive)." if is_zip else
-               f"it holds a Python object ({found[1]}), which weights_only loading refuses so that opening a "
-               "file cannot run code." if found else "it is not a torch checkpoint (its bytes do not unpickle as one).")
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))  # weights_only met a class: torch.save(model), not a state dict
+        why = (f"it holds a Python object ({found[1]}), which weights_only loading refuses so that opening a file "
+               "cannot run code; save a state dict (torch.save(model.state_dict(), ...)) or train.py's checkpoint"
+               if found else "the file is truncated or corrupt (it is not a complete torch zip archive)." if is_zip
+               else "it is not a torch checkpoint (its bytes do not unpickle as one).")
         raise ValueError(f"{path} is not a loadable checkpoint: {why}") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != CKPT_FORMAT:
         raise ValueError(f"{path} is a torch file but not an orthros checkpoint (no '{CKPT_FORMAT}' marker); "
@@ -81,10 +85,20 @@ def load_start(init_from, out_dir):
 
 def model_from_checkpoint(ckpt, **config_overrides):
     """The model a checkpoint describes, with its weights, in their dtype. config_overrides may change
-    fields that do not touch the weights, e.g. max_seq_len for longer generation, or the window."""
+    fields that do not touch the weights: max_seq_len for longer generation, the window, or attn (the paper's
+    conversion: a Transformer's weights as Orthros with identity scale-offsets, or an Orthros whose
+    scale-offsets are still the identity, e.g. a converted model, as its Transformer or SWA baseline)."""
     with torch.device("meta"):  # no memory and no random init for weights about to be replaced (an 8B model's 32 GB)
         model = Orthros(OrthrosConfig(**{**ckpt["model_config"], **config_overrides}))
-    model.load_state_dict(ckpt["model"], assign=True)   # the checkpoint's own tensors, in their dtype
+    own, state = model.state_dict(), dict(ckpt["model"])
+    identity = lambda name: 1.0 if "alpha" in name.rsplit(".", 1)[-1] else 0.0   # Alg. 1, line 5: q = 1 * (x W_Q) + 0
+    for name in own.keys() - state.keys():  # scale-offsets the checkpoint lacks (a Transformer's): the identity
+        if name.rsplit(".", 1)[-1] in SCALE_OFFSETS:
+            state[name] = torch.full_like(own[name], identity(name), device=state["wte.weight"].device, dtype=state["wte.weight"].dtype)
+    for name in state.keys() - own.keys():  # scale-offsets a baseline lacks: only the identity may go
+        if name.rsplit(".", 1)[-1] in SCALE_OFFSETS and not bool((state.pop(name) == identity(name)).all()):
+            raise ValueError(f"{name} is trained (not the identity): this Orthros has no {model.config.attn} baseline")
+    model.load_state_dict(state, assign=True)   # the checkpoint's own tensors, in their dtype
     if model.config.tie_embeddings:
         model.lm_head.weight = model.wte.weight          # assign=True loaded the two names as two tensors
     return model

@@ -5,12 +5,13 @@ Generate text from a trained checkpoint: prefill the prompt, then decode with th
     python sample.py --prompt "def fibonacci(n):"
     python sample.py --prompt_file prompt.txt --num_samples 3 --temperature 0.8 --top_k 50
     python sample.py --ckpt out/small-transformer/ckpt_best.pt --prompt "import os" --temperature 0
-    python sample.py --ckpt hf:models/SmolLM2-135M --prompt "The capital of France is" --temperature 0
+    python sample.py --ckpt hf:models/SmolLM2-135M-Instruct --chat --prompt "What is the capital of France?"
 
 Without --ckpt it loads the newest checkpoint under --out_dir (default: out/), and encodes the
 prompt with the tokenizer recorded in it. It stops where every sample has produced the end token
 (--no_stop goes on), or after --max_new_tokens (default: 200, or as many as fit in the model's
-max_seq_len), and prints the time to first token (the prefill) and the decode speed. It decodes
+max_seq_len), and prints the time to first token (the prefill) and the decode speed. --chat wraps the
+prompt in an instruction-tuned model's chat template, as its user's message. It decodes
 with orthros.py's naive KV cache, the code a student reads; on a GPU, --decoder fast uses
 perf/engine.py's static cache and CUDA graphs instead (the same numbers, tested).
 """
@@ -42,6 +43,11 @@ def parse_args(argv):
     parser.add_argument("--ckpt", help="a checkpoint file (default: the newest under --out_dir), or hf:DIR, a Hugging "
                                        "Face Llama-architecture folder converted on load (convert/hf.py)")
     parser.add_argument("--window", type=int, help="the sliding window to run with (default: the checkpoint's; 128 for hf:)")
+    parser.add_argument("--attn", choices=["orthros", "transformer", "swa"],
+                        help="run the checkpoint as this architecture (default: its own); a converted model's "
+                             "identity scale-offsets make it its own Transformer or SWA baseline")
+    parser.add_argument("--chat", action="store_true",
+                        help="wrap the prompt in the checkpoint's chat template, as the user's message (instruction-tuned hf: models)")
     parser.add_argument("--out_dir", default="out", help="where to look for the newest checkpoint")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     parser.add_argument("--warmup", action="store_true",
@@ -63,6 +69,8 @@ def parse_args(argv):
             prompt = Path(args.prompt_file).read_text(encoding="utf-8")
         except FileNotFoundError:
             parser.error(f"--prompt_file {args.prompt_file}: no such file")
+        except IsADirectoryError:
+            parser.error(f"--prompt_file {args.prompt_file} is a folder; give the path of a UTF-8 text file")
         except UnicodeDecodeError as e:
             parser.error(f"--prompt_file {args.prompt_file} is not UTF-8 text (byte {e.start}); "
                          "save it as UTF-8 or pass --prompt")
@@ -78,19 +86,35 @@ def main(argv=None):
         path = args.ckpt or find_latest_checkpoint(args.out_dir)
         ckpt = load_checkpoint(path)
         tokenizer = get_tokenizer(ckpt["tokenizer"])
-        ids = tokenizer.encode(prompt)
+        if args.chat and getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(f"--chat: the {ckpt['tokenizer']} tokenizer has no chat template; --chat is for "
+                             "instruction-tuned Hugging Face models (hf:DIR with a chat template)")
+        ids = tokenizer.encode(tokenizer.chat(prompt) if args.chat else prompt)
+        trained_len = ckpt["model_config"]["max_seq_len"]
+        if args.max_new_tokens is None and len(ids) >= trained_len:
+            raise ValueError(f"the prompt ({len(ids)} tokens) fills the {trained_len} tokens the model was trained on; "
+                             "shorten it, or pass --max_new_tokens N to generate past them")
+        overrides = {k: v for k, v in (("window", args.window), ("attn", args.attn)) if v is not None}
+        new_tokens = args.max_new_tokens or min(200, trained_len - len(ids))
+        model = model_from_checkpoint(ckpt, max_seq_len=max(len(ids) + new_tokens, trained_len), **overrides)
     except (FileNotFoundError, ValueError, ImportError) as e:  # ours, one line each; anything else keeps its traceback
         sys.exit(f"error: {e}")
-    trained_len = ckpt["model_config"]["max_seq_len"]
-    new_tokens = args.max_new_tokens or max(1, min(200, trained_len - len(ids)))
-    if len(ids) + new_tokens > trained_len:
-        print(f"note: prompt ({len(ids)} tokens) + {new_tokens} new tokens is longer than the {trained_len} "
-              "tokens the model was trained on; RoPE lets it run, quality may drop")
-    window = {} if args.window is None else {"window": args.window}
-    model = model_from_checkpoint(ckpt, max_seq_len=max(len(ids) + new_tokens, trained_len), **window).to(device).eval()
+    model = model.to(device).eval()
     if device.startswith("cuda") and torch.cuda.is_bf16_supported():
         model = model.to(torch.bfloat16)
-    print(f"loaded {path} (step {ckpt['step']}, {ckpt['model_config']['attn']}, {ckpt['tokenizer']} tokenizer) on {device}")
+    cfg = model.config
+    print(f"loaded {path} (step {ckpt['step']}, {cfg.attn}" + ("" if cfg.attn == "transformer" else f", window {cfg.window}")
+          + f", {ckpt['tokenizer']} tokenizer) on {device}")
+    if args.max_new_tokens is None and new_tokens < 200:
+        print(f"note: {new_tokens} new tokens, as many as fit in the {trained_len} the model was trained on; "
+              "--max_new_tokens N goes past them (RoPE lets it run; quality may drop)")
+    elif len(ids) + new_tokens > trained_len:
+        print(f"note: prompt ({len(ids)} tokens) + {new_tokens} new tokens is longer than the {trained_len} "
+              "tokens the model was trained on; RoPE lets it run, quality may drop")
+    if ckpt.get("source", "").startswith("hf:") and cfg.attn != "transformer" and len(ids) + new_tokens > cfg.window:
+        print(f"note: converted, not trained, at window {cfg.window}: tokens past the first {cfg.window} see less than "
+              "the original model did (until continued pre-training adapts it); --window N covering the whole text, "
+              "or --attn transformer, runs the original exactly")
     if args.decoder == "naive" and device.startswith("cuda"):
         print("tip: --decoder fast decodes with a static cache and CUDA graphs (perf/engine.py), several times faster")
 
@@ -113,7 +137,8 @@ def main(argv=None):
             sync(device)
             ttft = time.perf_counter() - t0
         ended |= next_idx[:, 0] == tokenizer.eot
-        if ended.all() and not args.no_stop:  # every sample has ended: stop decoding
+        # Every sample has ended: stop. Asked every 8 tokens, not each: reading a GPU's answer waits for its queue.
+        if not args.no_stop and step % 8 == 0 and ended.all():
             break
     sync(device)
     decode_time = time.perf_counter() - t0 - ttft
@@ -121,7 +146,7 @@ def main(argv=None):
     for i, row in enumerate(torch.cat(rows, dim=1).tolist()):
         if not args.no_stop and tokenizer.eot in row:
             row = row[:row.index(tokenizer.eot)]  # the end token and what would follow it are not shown
-        texts.append(prompt + tokenizer.decode(row))
+        texts.append(prompt + ("\n" if args.chat else "") + tokenizer.decode(row))
         print(f"---------- sample {i + 1}" if args.num_samples > 1 else "----------")
         print(texts[-1])
     print("----------")

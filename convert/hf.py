@@ -3,8 +3,8 @@ A local Hugging Face checkpoint folder of a Llama-architecture model, converted 
 checkpoint: the paper's conversion (section 4.3), a pure weight copy with identity scale-offsets.
 
     from checkpoint import load_checkpoint, model_from_checkpoint
-    ckpt = load_checkpoint("hf:models/SmolLM2-135M")     # calls load_hf_checkpoint below
-    model = model_from_checkpoint(ckpt, window=128)      # the window is the user's choice
+    ckpt = load_checkpoint("hf:models/SmolLM2-135M-Instruct")   # calls convert_hf below
+    model = model_from_checkpoint(ckpt, window=128)             # the window is the user's choice
 
 The folder is what transformers' save_pretrained writes (a Hub download is one): config.json,
 model.safetensors or its shards with model.safetensors.index.json, and tokenizer.json. It reads
@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import CKPT_FORMAT
 from data.tokenizer import hf_tokenizer_file, require
 from orthros import LLAMA3_ROPE_KEYS, SCALE_OFFSETS, Orthros, OrthrosConfig
 
@@ -39,9 +38,10 @@ LAYER = {"input_layernorm.weight": "ln_1.weight", "self_attn.q_proj.weight": "at
 QKV_BIASES = {f"self_attn.{p}_proj.bias": f"attn.c_{p}.bias" for p in "qkv"}  # Qwen2's
 
 
-def load_hf_checkpoint(folder, window=128, device="cpu"):
-    """The checkpoint (checkpoint.py's format) of the Hugging Face model in folder, as Orthros with
-    window w and identity scale-offsets, at step 0, with the folder's tokenizer ("hf:<folder>")."""
+def convert_hf(folder, window=128, device="cpu"):
+    """The Hugging Face model in folder as Orthros with window w and identity scale-offsets: (its
+    OrthrosConfig's fields as a dict, its state dict). checkpoint.py makes them a checkpoint, whose
+    tokenizer is the folder's own ("hf:<folder>")."""
     folder = Path(folder).expanduser().resolve()
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"hf:{folder}: no config.json there; give the folder of a Hugging Face "
@@ -49,8 +49,7 @@ def load_hf_checkpoint(folder, window=128, device="cpu"):
     hf_tokenizer_file(folder)  # without its tokenizer a checkpoint can be neither sampled nor trained on
     model_config = orthros_config(json.loads((folder / "config.json").read_text()), window, folder)
     state_dict = orthros_state_dict(read_safetensors(folder, device), model_config, folder)
-    return {"format": CKPT_FORMAT, "model": state_dict, "model_config": model_config, "step": 0,
-            "tokenizer": f"hf:{folder}", "source": f"hf:{folder}"}
+    return model_config, state_dict
 
 
 def orthros_config(hf, window, folder):

@@ -174,6 +174,8 @@ class HFTokenizer:
     written in the text (e.g. "<|endoftext|>") become those tokens, as in transformers. .eot is
     the EOS token (tokenizer_config.json's eos_token, else config.json's eos_token_id), .bos the
     BOS token or None. The name, "hf:" + the absolute folder, is what checkpoints and meta.json record.
+    An instruction-tuned model's chat template (DIR/chat_template.jinja, or tokenizer_config.json's
+    chat_template) is .chat_template, else None; chat(prompt) renders it.
     """
 
     def __init__(self, folder):
@@ -188,6 +190,21 @@ class HFTokenizer:
         if self.eot is None:
             raise ValueError(f"{folder}: no EOS token (neither tokenizer_config.json's eos_token nor "
                              "config.json's eos_token_id names one); add eos_token to tokenizer_config.json")
+        template = settings.get("chat_template")
+        if (folder / "chat_template.jinja").is_file():
+            template = (folder / "chat_template.jinja").read_text()
+        elif isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            template = {t["name"]: t["template"] for t in template}.get("default")
+        self.chat_template = template
+
+    def chat(self, prompt):
+        """prompt as the user's one message, in the chat template, up to where the assistant's answer starts:
+        Jinja, rendered as transformers' apply_chat_template(..., add_generation_prompt=True) renders it."""
+        from jinja2.sandbox import ImmutableSandboxedEnvironment  # jinja2 comes with torch
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        special = {name: self.tokenizer.id_to_token(i) if i is not None else None for name, i in (("bos_token", self.bos), ("eos_token", self.eot))}
+        return env.from_string(self.chat_template).render(messages=[{"role": "user", "content": prompt}],
+                                                          add_generation_prompt=True, **special)
 
     def _token_id(self, token, fallback):
         """The id of a special token given by its text (or transformers' {"content": text}), else

@@ -36,7 +36,7 @@ import sample
 import test_orthros
 import train
 from checkpoint import load_checkpoint, model_from_checkpoint
-from convert.hf import load_hf_checkpoint
+from convert.hf import convert_hf
 from data.prepare_utils import PretrainBatches, load_meta, write_dataset
 from data.shakespeare.prepare import prepare as prepare_text
 from data.tokenizer import get_tokenizer
@@ -225,7 +225,7 @@ def test_identity_scale_offsets_and_the_window(hf):
     for i in range(2):
         for name, value in (("alpha", 1.0), ("beta", 0.0), ("alpha_out", 1.0), ("beta_out", 0.0)):
             assert torch.equal(ckpt["model"][f"blocks.{i}.attn.{name}"], torch.full((32,), value))
-    assert load_hf_checkpoint(hf["tied_mha"][0], window=5)["model_config"]["window"] == 5
+    assert convert_hf(hf["tied_mha"][0], window=5)[0]["window"] == 5
 
 
 def test_checkpoint_written_before_the_options_loads():
@@ -367,7 +367,7 @@ def test_window_below_one_is_refused(hf):
     """A window <= 0 is refused in one line naming the window, at conversion and when the model is built."""
     for window in (0, -3):
         with pytest.raises(ValueError) as e:
-            load_hf_checkpoint(hf["tied_mha"][0], window=window)
+            convert_hf(hf["tied_mha"][0], window=window)
         one_line_error(e, "window")
         with pytest.raises(ValueError) as e:
             model_from_checkpoint(load_checkpoint(f"hf:{hf['tied_mha'][0]}"), window=window)

