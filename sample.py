@@ -105,10 +105,7 @@ def main(argv=None):
     cfg = model.config
     print(f"loaded {path} (step {ckpt['step']}, {cfg.attn}" + ("" if cfg.attn == "transformer" else f", window {cfg.window}")
           + f", {ckpt['tokenizer']} tokenizer) on {device}")
-    if args.max_new_tokens is None and new_tokens < 200:
-        print(f"note: {new_tokens} new tokens, as many as fit in the {trained_len} the model was trained on; "
-              "--max_new_tokens N goes past them (RoPE lets it run; quality may drop)")
-    elif len(ids) + new_tokens > trained_len:
+    if len(ids) + new_tokens > trained_len:
         print(f"note: prompt ({len(ids)} tokens) + {new_tokens} new tokens is longer than the {trained_len} "
               "tokens the model was trained on; RoPE lets it run, quality may drop")
     if ckpt.get("source", "").startswith("hf:") and cfg.attn != "transformer" and len(ids) + new_tokens > cfg.window:

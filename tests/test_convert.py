@@ -444,3 +444,22 @@ def test_cpt_from_hf_writes_a_checkpoint_that_sample_reads(hf, tmp_path, capsys,
     assert config["rope_scaling"] == LLAMA3 and config["norm_eps"] == 1e-5
     record = sample_json(capsys, "--ckpt", str(out / "ckpt_last.pt"), "--prompt", "w3 w4", "--max_new_tokens", "5")
     assert record["samples"][0].startswith("w3 w4")
+
+
+def test_a_converted_model_runs_as_its_baselines_and_a_trained_one_does_not(hf):
+    """model_from_checkpoint(ckpt, attn=...) drops identity scale-offsets: a converted model runs as its Transformer
+    (transformers' logits at any window) and its SWA baseline (transformers' logits within the window only); trained
+    scale-offsets are refused in one line."""
+    folder, model = hf["llama3_gqa_untied"]
+    ckpt, idx = load_checkpoint(f"hf:{folder}"), tokens(24)
+    transformer = model_from_checkpoint(ckpt, attn="transformer", window=4).eval()
+    assert not any(name.endswith("alpha") for name, _ in transformer.named_parameters())
+    assert (transformer(idx)[0] - hf_logits(model, idx)).abs().max() < TOL
+    theirs = hf_logits(model, idx)
+    assert (model_from_checkpoint(ckpt, attn="swa", window=24).eval()(idx)[0] - theirs).abs().max() < TOL  # w >= T
+    swa = model_from_checkpoint(ckpt, attn="swa", window=4).eval()(idx)[0]
+    assert (swa[:, :4] - theirs[:, :4]).abs().max() < TOL < (swa[:, 4:] - theirs[:, 4:]).abs().max()
+    trained = {**ckpt, "model": {**ckpt["model"], "blocks.0.attn.beta": torch.full_like(ckpt["model"]["blocks.0.attn.beta"], 0.5)}}
+    with pytest.raises(ValueError) as e:
+        model_from_checkpoint(trained, attn="swa")
+    one_line_error(e, "blocks.0.attn.beta", "trained")

@@ -41,6 +41,13 @@ def test_ci_runs_the_readmes_set_up_commands():
     assert readme == ci[1:] and readme[-1] == "python -m pytest -q", (readme, ci)
 
 
+def test_readme_install_says_which_torch_arrives_and_how_to_get_the_cpu_build():
+    """The install block warns that PyPI's torch is a CUDA build, and gives the command for the CPU build first."""
+    block = README.split("## Install", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    assert "CUDA build" in block and "pip install torch --index-url https://download.pytorch.org/whl/cpu" in block
+    assert block.index("whl/cpu") < block.index("pip install -r requirements-test.txt")
+
+
 def anchors(markdown):
     """The anchors GitHub gives a page's headings."""
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.*)$", markdown, re.M)}

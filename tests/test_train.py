@@ -501,13 +501,15 @@ def test_sample_finds_the_newest_checkpoint(pretrained, tmp_path, capsys):
 
 
 def test_sample_errors_are_clear(tmp_path, pretrained):
-    """No checkpoint, an empty prompt, a corrupt, truncated or foreign file, an unencodable prompt, bad
-    sampling options, a non-UTF-8 prompt file, a missing GPU: one clear line each."""
+    """No checkpoint, an empty prompt, a corrupt, truncated or foreign file, a saved module, an unencodable prompt,
+    bad sampling options, a non-UTF-8 prompt file or a folder, a prompt that fills the model's context, --chat
+    without a chat template, a missing GPU: one clear line each."""
     tiny_ckpt = pretrained / "ckpt_last.pt"
     (tmp_path / "corrupt.pt").write_bytes(b"\x80\x02not a checkpoint")
     (tmp_path / "truncated.pt").write_bytes(tiny_ckpt.read_bytes()[:5000])
     (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
     torch.save({"weights": torch.zeros(3)}, tmp_path / "foreign.pt")
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")  # a whole module, not a state dict
     gpt2 = Orthros(OrthrosConfig(vocab_size=50257, n_layer=1, n_head=1, n_embd=8, max_seq_len=64))
     save_checkpoint(tmp_path / "gpt2.pt", model=gpt2.state_dict(), model_config=vars(gpt2.config),
                     tokenizer="gpt2", step=0)
@@ -521,7 +523,11 @@ def test_sample_errors_are_clear(tmp_path, pretrained):
              ([*ckpt, "--prompt", "x", "--top_k", "0"], "--top_k must be >= 1"),
              ([*ckpt, "--prompt", "x", "--temperature", "-1"], "--temperature must be >= 0"),
              ([*ckpt, "--prompt", "x", "--prompt_file", str(tmp_path / "latin1.txt")], "not both"),
-             ([*ckpt, "--prompt_file", str(tmp_path / "latin1.txt")], "is not UTF-8 text")]
+             ([*ckpt, "--prompt_file", str(tmp_path / "latin1.txt")], "is not UTF-8 text"),
+             ([*ckpt, "--prompt_file", str(tmp_path)], "is a folder"),
+             (["--ckpt", str(tmp_path / "module.pt"), "--prompt", "x"], "holds a Python object (torch.nn.modules.linear.Linear)"),
+             ([*ckpt, "--prompt", "x" * 128], "fills the 128 tokens the model was trained on"),
+             ([*ckpt, "--prompt", "x", "--chat"], "no chat template")]
     if not torch.cuda.is_available():  # a good checkpoint is not called corrupt when the GPU is missing
         cases.append(([*ckpt, "--prompt", "x", "--device", "cuda"], "no usable CUDA GPU"))
     for args, words in cases:
