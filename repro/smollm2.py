@@ -60,14 +60,14 @@ def held_out_documents(tokenizer, n_docs, seq_len):
     return docs
 
 
-def passkey_prompts(tokenizer, seed=0):
+def passkey_prompts(tokenizer, keys_per_cell=KEYS_PER_CELL, seed=0):
     """(length, depth, key, distance, token ids): the key after depth of the filler, length tokens in all;
     distance = tokens from the key's first digit to the end of the prompt."""
     rng, filler = random.Random(seed), tokenizer.encode(FILLER)
     prompts = []
     for length in LENGTHS:
         for depth in DEPTHS:
-            for _ in range(KEYS_PER_CELL):
+            for _ in range(keys_per_cell):
                 key = str(rng.randint(10000, 99999))
                 intro, needle = tokenizer.encode(INTRO), tokenizer.encode(f" The pass key is {key}. Remember it. {key} is the pass key. ")
                 question = tokenizer.encode(QUESTION)
@@ -105,10 +105,10 @@ class Model:
         return self.model.generate(idx, n, temperature=0)[0, idx.size(1):].tolist()
 
 
-def evaluate(models, tokenizer, n_docs, seq_len, window, device):
+def evaluate(models, tokenizer, args, device):
     """{label: {"loss_below_w", "loss_from_w", "loss", "passkey": [per trial]}} for each Model."""
-    docs, prompts = held_out_documents(tokenizer, n_docs, seq_len), passkey_prompts(tokenizer)
-    results = {"documents": [name for name, _ in docs], "window": window, "seq_len": seq_len}
+    docs, prompts, window = held_out_documents(tokenizer, args.docs, args.seq_len), passkey_prompts(tokenizer, args.keys), args.window
+    results = {"documents": [name for name, _ in docs], "window": window, "seq_len": args.seq_len}
     for model in models:
         t0, losses = time.time(), []
         for _, ids in docs:
@@ -151,7 +151,9 @@ def main(argv=None):
     parser.add_argument("--window", type=int, default=128)
     parser.add_argument("--docs", type=int, default=16, help="held-out documents for the loss")
     parser.add_argument("--seq_len", type=int, default=2048)
+    parser.add_argument("--keys", type=int, default=KEYS_PER_CELL, help="passkey: keys per (length, depth)")
     parser.add_argument("--steps", type=int, default=300, help="cpt: optimizer steps of each run")
+    parser.add_argument("--compile", default="true", help="cpt: train.py's --compile")
     parser.add_argument("--batch_size", type=int, default=8, help="cpt: sequences of seq_len tokens per step")
     parser.add_argument("--lr", type=float, default=1e-4, help="cpt: peak learning rate")
     parser.add_argument("--lengths", default="32768,131072", help="prefill: prompt lengths")
@@ -161,30 +163,32 @@ def main(argv=None):
     tokenizer = get_tokenizer(hf)
     if args.step == "eval":
         models = [("original", hf, "hf"), ("orthros", hf, "orthros"), ("swa", hf, "swa")]
-        save("eval", evaluate((Model(*m, args.window, device) for m in models), tokenizer, args.docs, args.seq_len,
-                              args.window, device), device)
+        save("eval", evaluate((Model(*m, args.window, device) for m in models), tokenizer, args, device), device)
     elif args.step == "cpt":
         data = REPO / "data" / "smollm2_stdlib"
         if not (data / "val.bin").exists():
             run([sys.executable, "data/stdlib/prepare.py", "--tokenizer", hf, "--out_dir", str(data)])
-        runs, record = {}, {"steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr}
+        record = {"steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr}
+        before = [("original", hf, "hf"), ("orthros", hf, "orthros"), ("transformer", hf, "transformer"), ("swa", hf, "swa")]
+        record["before"] = evaluate((Model(*m, args.window, device) for m in before), tokenizer, args, device)
+        save("cpt", record, device)  # after each phase: a run stopped by a time limit keeps what it measured
+        runs = {}
         for attn in ("orthros", "transformer", "swa"):
             out = REPO / "out" / f"smollm2-cpt-{attn}"
             cmd = [sys.executable, "train.py", "--init_from", hf, "--dataset", str(data), "--attn", attn, "--window",
                    str(args.window), "--seq_len", str(args.seq_len), "--batch_size", str(args.batch_size), "--max_iters",
                    str(args.steps), "--lr", str(args.lr), "--warmup_iters", str(args.steps // 10), "--eval_interval",
-                   str(args.steps), "--eval_iters", "10", "--log_interval", "10", "--compile", "true", "--out_dir", str(out),
+                   str(args.steps), "--eval_iters", "10", "--log_interval", "10", "--compile", args.compile, "--out_dir", str(out),
                    "--overwrite", "true"]
             run(cmd)
             logs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-            speeds = sorted(r["tok_per_s"] for r in logs if "tok_per_s" in r)[len(logs) // 10:]  # without the compiling steps
+            speeds = sorted(r["tok_per_s"] for r in logs if "tok_per_s" in r and r["step"] > 20)  # past the compiling steps
             runs[attn] = out / "ckpt_last.pt"
             record[attn] = {"command": " ".join(cmd[1:]), "val_loss": [(r["step"], r["val_loss"]) for r in logs if "val_loss" in r],
                             "train_tok_per_s_median": speeds[len(speeds) // 2] if speeds else None}
-        before = [("original", hf, "hf"), ("orthros", hf, "orthros"), ("transformer", hf, "transformer"), ("swa", hf, "swa")]
-        record["before"] = evaluate((Model(*m, args.window, device) for m in before), tokenizer, args.docs, args.seq_len, args.window, device)
+            save("cpt", record, device)
         record["after"] = evaluate((Model(attn, str(path), None, args.window, device) for attn, path in runs.items()),
-                                   tokenizer, args.docs, args.seq_len, args.window, device)
+                                   tokenizer, args, device)
         save("cpt", record, device)
     else:
         save("prefill", prefill_times(hf, [int(n) for n in args.lengths.split(",")], args.window, device), device)
