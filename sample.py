@@ -79,6 +79,12 @@ def parse_args(argv):
     return args, prompt
 
 
+def shown(name):
+    """A tokenizer's name as the user would type it: hf:models/X rather than hf:/home/.../models/X."""
+    folder = Path(name.removeprefix("hf:")).resolve()
+    return f"hf:{folder.relative_to(Path.cwd())}" if name.startswith("hf:") and folder.is_relative_to(Path.cwd()) else name
+
+
 def main(argv=None):
     args, prompt = parse_args(argv)
     try:
@@ -104,14 +110,13 @@ def main(argv=None):
         model = model.to(torch.bfloat16)
     cfg = model.config
     print(f"loaded {path} (step {ckpt['step']}, {cfg.attn}" + ("" if cfg.attn == "transformer" else f", window {cfg.window}")
-          + f", {ckpt['tokenizer']} tokenizer) on {device}")
+          + f", {shown(ckpt['tokenizer'])} tokenizer) on {device}")
     if len(ids) + new_tokens > trained_len:
         print(f"note: prompt ({len(ids)} tokens) + {new_tokens} new tokens is longer than the {trained_len} "
               "tokens the model was trained on; RoPE lets it run, quality may drop")
     if ckpt.get("source", "").startswith("hf:") and cfg.attn != "transformer" and len(ids) + new_tokens > cfg.window:
-        print(f"note: converted, not trained, at window {cfg.window}: tokens past the first {cfg.window} see less than "
-              "the original model did (until continued pre-training adapts it); --window N covering the whole text, "
-              "or --attn transformer, runs the original exactly")
+        print(f"note: converted but not trained at window {cfg.window}: past {cfg.window} tokens it sees less than the "
+              "original (--window N covering the text, or --attn transformer, runs the original exactly)")
     if args.decoder == "naive" and device.startswith("cuda"):
         print("tip: --decoder fast decodes with a static cache and CUDA graphs (perf/engine.py), several times faster")
 
