@@ -90,8 +90,10 @@ def test_chat_answer_is_transformers_and_stops_at_the_end_token(smol, capsys):
     capsys.readouterr()
     sample.main(["--ckpt", f"hf:{folder}", "--chat", "--prompt", question, "--temperature", "0",
                  "--max_new_tokens", str(n), "--device", "cpu", "--json"])
-    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out = capsys.readouterr().out
+    record = json.loads(out.strip().splitlines()[-1])
     assert record["samples"] == [question + "\n" + ours.decode(theirs[:-1])]
+    assert "window 128" in out.splitlines()[0] and "note: converted but not trained at window 128" in out  # said, not silent
     assert record["new_tokens"] < n
 
 
