@@ -80,7 +80,7 @@ def test_chat_answer_is_transformers_and_stops_at_the_end_token(smol, capsys):
     """sample.py --chat --temperature 0 renders SmolLM2's own chat template as transformers does, generates
     transformers' greedy answer token for token, and stops at <|im_end|>, long before --max_new_tokens."""
     folder, theirs_model, ckpt = smol
-    question, n = "What is the capital of France?", 64
+    question, n = "What is the capital of France?", 100  # 37 + 100 tokens: more than the window
     hf_tokenizer, ours = AutoTokenizer.from_pretrained(folder), get_tokenizer(ckpt["tokenizer"])
     chat = hf_tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False)
     assert ours.chat(question) == chat and ours.eot == hf_tokenizer.convert_tokens_to_ids("<|im_end|>")
