@@ -24,6 +24,7 @@ device (pick_device, sync, compile_works) and the command line's one-line errors
 import argparse
 import json
 import re
+import shlex
 from pathlib import Path
 
 import torch
@@ -142,9 +143,17 @@ def claim_out_dir(out_dir, init_from, overwrite):
 
 
 def resume_command(argv):
-    """The command line that continues this run: the same options, with --init_from resume."""
-    kept = re.sub(r"\s*--(init_from|overwrite)(=|\s+)\S+", "", " " + " ".join(argv)).strip()
-    return f"python train.py {kept} --init_from resume".replace("  ", " ")
+    """The command line that continues this run: the same options, with --init_from resume, quoted
+    for the shell (an empty value, --curriculum "", or one with spaces survives a copy and paste)."""
+    kept, drop_value = [], False
+    for arg in argv:
+        if drop_value:
+            drop_value = False
+        elif arg.split("=")[0] in ("--init_from", "--overwrite"):
+            drop_value = "=" not in arg  # --key value, not --key=value
+        else:
+            kept.append(arg)
+    return shlex.join(["python", "train.py", *kept, "--init_from", "resume"])
 
 
 def open_log(out_dir, resume, overwrite, start_step):

@@ -22,6 +22,7 @@ import functools
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -35,11 +36,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from checkpoint import (ArgumentParser, claim_out_dir, compile_works, load_start, open_log, pick_device, resume_command,
-                        restore_training_state, save_checkpoint, training_state)
+                        restore_training_state, save_checkpoint, sync, training_state)
 from data.prepare_utils import PretrainBatches, atomic_write, find_dataset, load_meta
 from data.sft import SFTBatches, exact_match_report
 from data.tokenizer import get_tokenizer
-from orthros import Orthros, OrthrosConfig, compile_blocks
+from orthros import IGNORE, Orthros, OrthrosConfig, compile_blocks
 from perf.flops import forward_flops, peak_flops
 
 
@@ -83,7 +84,7 @@ class TrainConfig:
     batch_size: int = option(16, "sequences per micro-step (per GPU under torchrun)", at_least(1))
     grad_accum: int = option(1, "micro-steps per optimizer step", at_least(1))
     max_iters: int = option(2000, "optimizer steps in all (0 = evaluate and save the initial model)", at_least(0))
-    lr: float = option(1e-3, "peak learning rate", at_least(0))
+    lr: float = option(1e-3, "peak learning rate (from --init_from hf:DIR: train.PRETRAINED_LR = 1e-4)", at_least(0))
     min_lr_ratio: float = option(0.1, "the final learning rate, as a fraction of lr", FRACTION)
     warmup_iters: int = option(100, "steps of linear warmup", at_least(0))
     weight_decay: float = option(0.1, "AdamW weight decay, on matrices only", at_least(0))
@@ -93,7 +94,7 @@ class TrainConfig:
     # evaluation, logging, checkpoints
     eval_interval: int = option(250, "evaluate and checkpoint every this many steps", at_least(1))
     eval_iters: int = option(20, "batches per split in each evaluation", at_least(1))
-    log_interval: int = option(10, "steps per log line when the output is not a terminal", at_least(1))
+    log_interval: int = option(10, "steps between reads of the loss from the device (and log lines, into a file)", at_least(1))
     out_dir: str = option("", "where logs and checkpoints go; '' = out/<config>-<attn>[-sft-<dataset>]")
     init_from: str = option("scratch", "scratch | resume (out_dir/ckpt_last.pt) | path/to/ckpt.pt (e.g. a transformer to convert)")
     overwrite: bool = option(False, "true = replace the run already in out_dir (its log and checkpoints are deleted)")
@@ -124,6 +125,9 @@ CONFIGS = {  # named presets: each sets only what differs from the defaults abov
                          seq_len=56, batch_size=64, max_iters=600, lr=5e-3, warmup_iters=50, eval_interval=150, eval_iters=2,
                          curriculum="train_short", curriculum_frac=0.67, weight_decay=0.0),
 }
+# The peak lr of a model pretrained elsewhere (--init_from hf:DIR) unless --lr is given, not the preset's (tuned from
+# scratch: small's 1e-3 raised SmolLM2-135M's loss). The paper's conversions continue at a tenth of its pre-training lr.
+PRETRAINED_LR = 1e-4
 
 
 def fail(message):  # stop with one line on stderr: what is wrong and what to do
@@ -172,6 +176,10 @@ def parse_args(argv):
             fail(f"--{f.name} {f.metadata['check'][1]}, got {getattr(cfg, f.name)!r}")
     if cfg.max_seq_len and cfg.max_seq_len < cfg.seq_len:
         fail(f"--max_seq_len ({cfg.max_seq_len}) must be 0 or >= --seq_len ({cfg.seq_len})")
+    if cfg.init_from.startswith("hf:") and "lr" not in values:
+        cfg.lr = PRETRAINED_LR
+        if os.environ.get("RANK", "0") == "0":  # not once per process under torchrun
+            print(f"note: lr {cfg.lr} (train.PRETRAINED_LR), not the {name} preset's, for a pretrained model; --lr sets another")
     if not cfg.out_dir:  # out/<config>-<attn>[-noso]; SFT on a pre-training config adds -sft-<dataset>
         cfg.out_dir = f"out/{name}-{cfg.attn}" + ("-noso" if cfg.attn == "orthros" and not cfg.scale_offset else "")
         if cfg.task != CONFIGS[name].get("task", "pretrain"):
@@ -198,12 +206,12 @@ def build_model(config_name, cfg, ckpt, vocab_size):
     ignored = [f"--{k} {getattr(cfg, k)}" for k in shape if getattr(cfg, k) not in (getattr(preset, k), model_args[k])]
     if ignored:  # asked for (not the preset's value), and not the checkpoint's
         print(f"note: {', '.join(ignored)} ignored: the checkpoint's shape wins ({', '.join(f'{k}={model_args[k]}' for k in shape)})")
+    for k in shape:  # the config printed and saved shows the model's real shape, not the preset's
+        setattr(cfg, k, model_args[k])
     try:
         model = Orthros(OrthrosConfig(**model_args))
-        if ckpt is not None and cfg.init_from == "resume":
-            model.load_state_dict(ckpt["model"])
-        elif ckpt is not None:
-            model.load_transformer_weights(ckpt["model"])
+        if ckpt is not None:
+            (model.load_state_dict if cfg.init_from == "resume" else model.load_transformer_weights)(ckpt["model"])
     except ValueError as e:  # an impossible model; weights of another model
         fail(f"--init_from {cfg.init_from}: {e}" if ckpt is not None else str(e))
     return model
@@ -234,9 +242,9 @@ def shard(model, activation_checkpointing, bf16):
 # The run: Run reads and checks everything (writing nothing), then train() is the loop; Ctrl-C saves
 
 class StopRequest:
-    """While the run writes: SIGINT (Ctrl-C) and SIGTERM ask the loop to stop after the current step and save
-    ckpt_last.pt. A second Ctrl-C stops at once (KeyboardInterrupt), without saving; a repeated SIGTERM just
-    waits. Before it, Ctrl-C ends the run the way Python does: nothing is written yet."""
+    """While the run writes: SIGINT (Ctrl-C) and SIGTERM ask the loop to stop after the current step (under torchrun,
+    at the next log step) and save ckpt_last.pt. A second Ctrl-C stops at once (KeyboardInterrupt), without saving;
+    a repeated SIGTERM just waits. Before it, Ctrl-C ends the run the way Python does: nothing is written yet."""
 
     def __enter__(self):
         self.signal = None
@@ -250,8 +258,8 @@ class StopRequest:
     def handle(self, signum, frame):
         if self.signal is None:
             self.signal = signal.Signals(signum).name
-            tqdm.write(f"{self.signal}: stopping after this step and saving ckpt_last.pt "
-                       "(Ctrl-C again stops at once, without saving)")
+            tqdm.write(f"{self.signal}: stopping after this step (under torchrun, at the next log step) and saving "
+                       "ckpt_last.pt (Ctrl-C again stops at once, without saving)")
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt
 
@@ -314,24 +322,34 @@ class Run:
         if self.master:
             tqdm.write(" ".join(map(str, args)))  # above the progress bar, if there is one
 
-    def log(self, record):
+    def log(self, *records):
         if self.master:
-            print(json.dumps(record), file=self.log_file, flush=True)
+            print(*map(json.dumps, records), sep="\n", file=self.log_file, flush=True)
 
-    def checkpoint(self, name):
-        """Save everything a resume needs: model, optimizer, step, configs and the random states. Every
-        rank calls it: under FSDP the full (unsharded) states are gathered to rank 0, which writes them."""
+    def checkpoint(self, best=False):
+        """Save everything a resume needs into ckpt_last.pt: model, optimizer, step, configs and the random states.
+        Every rank calls it: under FSDP the full (unsharded) states are gathered to rank 0, which writes them. With
+        best, ckpt_best.pt becomes the same file, a hard link (a copy where links fail): one write, not two."""
         state = training_state(self.raw_model, self.optimizer, self.train_gen)
-        self.saved[name] = self.step
-        if self.master:
-            save_checkpoint(self.out_dir / name, **state, step=self.step, best_val_loss=self.best_val,
-                            model_config=dataclasses.asdict(self.raw_model.config), train_config=dataclasses.asdict(self.cfg),
-                            config_name=self.config_name, tokenizer=self.tokenizer_name, dataset=self.cfg.dataset)
+        self.saved.update({"ckpt_last.pt": self.step, **({"ckpt_best.pt": self.step} if best else {})})
+        if not self.master:
+            return
+        last, tmp = self.out_dir / "ckpt_last.pt", self.out_dir / "ckpt_best.pt.tmp"
+        save_checkpoint(last, **state, step=self.step, best_val_loss=self.best_val,
+                        model_config=dataclasses.asdict(self.raw_model.config), train_config=dataclasses.asdict(self.cfg),
+                        config_name=self.config_name, tokenizer=self.tokenizer_name, dataset=self.cfg.dataset)
+        if best:  # NOTE: save_checkpoint never writes into a file (a temp file, then a rename): the next
+            try:     # ckpt_last.pt is a new file, and ckpt_best.pt keeps these bytes
+                os.link(last, tmp)
+            except OSError:
+                shutil.copyfile(last, tmp)
+            os.replace(tmp, self.out_dir / "ckpt_best.pt")  # atomic, as every save
 
     @torch.no_grad()
     def evaluate(self):
-        """The mean loss over eval_iters batches per split, the same batches every time (a fixed seed);
-        once training has started, save ckpt_last.pt (and ckpt_best.pt when val improved)."""
+        """The mean loss over eval_iters batches per split, the same batches every time (a fixed seed); once
+        training has started, save ckpt_last.pt (ckpt_best.pt too when val improved). A run that starts from
+        a checkpoint's weights counts step 0 as well: its ckpt_best.pt is never worse than where it began."""
         cfg, model, losses = self.cfg, self.raw_model.eval(), {}
         bar = tqdm(total=2 * cfg.eval_iters, desc=f"eval at step {self.step}", leave=False, disable=None)  # on a terminal
         for split in ("train", "val"):
@@ -346,25 +364,27 @@ class Run:
         model.train()
         self.log({"step": self.step, "train_loss": losses["train"], "val_loss": losses["val"]})
         self.print(f"step {self.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-        if self.step > self.start_step:
-            if losses["val"] < self.best_val:
-                self.best_val = losses["val"]
-                self.checkpoint("ckpt_best.pt")
-            self.checkpoint("ckpt_last.pt")
+        if self.step > self.start_step or self.cfg.init_from not in ("scratch", "resume"):
+            improved, self.best_val = losses["val"] < self.best_val, min(losses["val"], self.best_val)
+            self.checkpoint(best=improved)
 
     def train_step(self, model):
-        """One optimizer step (grad_accum micro-steps). Returns its log record."""
+        """One optimizer step (grad_accum micro-steps). Returns its log record, with the loss and the gradient norm
+        still on the device: reading them would make the CPU wait for the GPU (read() does, once per log_interval)."""
         cfg = self.cfg
         lr = lr_at(self.step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         split = cfg.curriculum if cfg.curriculum and self.step < cfg.curriculum_frac * cfg.max_iters else "train"
+        # Every rank draws the same global batches and keeps its slice of each. The loss is the mean over all their
+        # targets, a count every rank knows without communicating: each slice adds its loss sum over that count,
+        # times world against the ranks' gradient average (DDP, FSDP). So SFT responses of any lengths give the same
+        # step on any number of processes and micro-steps (in pre-training this is the usual loss / grad_accum).
+        batches = [self.batches.get(split, cfg.batch_size * self.world, self.train_gen) for _ in range(cfg.grad_accum)]
+        n_targets = sum((y != IGNORE).sum() for _, y, _ in batches).clamp(min=1)  # on the device: nothing waits
+        mine = slice(self.rank * cfg.batch_size, (self.rank + 1) * cfg.batch_size)
         loss_sum, n_tokens, flops, out_share = torch.zeros((), device=self.device), 0, 0, 0.0
-        for micro in range(cfg.grad_accum):
-            # Every rank draws the same global batch and keeps its own slice: the result does not
-            # depend on how many processes share the work.
-            x, y, t_out = self.batches.get(split, cfg.batch_size * self.world, self.train_gen)
-            mine = slice(self.rank * cfg.batch_size, (self.rank + 1) * cfg.batch_size)
+        for micro, (x, y, t_out) in enumerate(batches):
             x, y = x[mine], y[mine]
             n_tokens += x.numel() * self.world
             flops += 3 * x.size(0) * forward_flops(self.raw_model.config, x.size(1), t_out)  # this process's: forward + backward
@@ -374,30 +394,40 @@ class Run:
                 model.set_requires_gradient_sync(sync_grads)
             with self.ctx, (nullcontext() if sync_grads or self.fsdp else model.no_sync()):
                 _, loss = model(x, y, t_out=t_out)
-                (loss / cfg.grad_accum).backward()
-            loss_sum += loss.detach() / cfg.grad_accum
-        if self.ddp:
-            dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
-        if not math.isfinite(loss_sum.item()):
-            last = (f"the last good checkpoint ({self.out_dir}/ckpt_last.pt, step {self.saved['ckpt_last.pt']}) is "
-                    "untouched" if "ckpt_last.pt" in self.saved else "no checkpoint had been written yet")
-            raise FloatingPointError(f"the training loss is {loss_sum.item()} at step {self.step + 1}. Stopping; {last}. "
-                                     "Try a lower --lr, or --dtype float32.")
+                share = loss * (y != IGNORE).sum() / n_targets  # this slice's loss sum over the global count
+                (share * self.world).backward()
+            loss_sum += share.detach()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.grad_clip or float("inf"))
-        grad_norm = (grad_norm.full_tensor() if self.fsdp else grad_norm).item()  # under FSDP a DTensor
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return {"step": self.step, "loss": loss_sum.item(), "lr": lr, "grad_norm": grad_norm, "tokens": n_tokens,
-                "flops": flops, "t_out_share": out_share}
+        return {"step": self.step, "loss": loss_sum, "lr": lr, "grad_norm": grad_norm.full_tensor() if self.fsdp else grad_norm,
+                "tokens": n_tokens, "flops": flops, "t_out_share": out_share}  # under FSDP grad_norm is a DTensor
 
-    def stop_requested(self, stop):
-        """Whether a stop was asked for, on any rank (they must all stop at the same step)."""
-        if self.ddp:
-            flag = torch.tensor(float(stop.signal is not None), device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            stop.signal = stop.signal or ("a stop request on another rank" if flag.item() else None)
-        return stop.signal is not None
+    def read(self, records, t_start, stop):
+        """The CPU's one wait for the device in an interval: log the steps' losses and gradient norms (stopping at a
+        non-finite loss) and, on the last record, which it returns, the interval's speed. Under torchrun the ranks
+        also agree here on a stop request, so that they all stop at the same step."""
+        values = torch.stack([*(r["loss"] for r in records), torch.tensor(float(stop.signal is not None), device=self.device)])
+        if self.ddp:  # each rank holds its targets' share of each loss, and its own stop flag
+            dist.all_reduce(values)
+        sync(self.device)  # the clock then measures the work done, not the work queued
+        seconds, (*losses, stops) = time.perf_counter() - t_start, values.tolist()
+        stop.signal = stop.signal or ("a stop request on another rank" if stops else None)
+        for record, loss, grad_norm in zip(records, losses, torch.stack([r["grad_norm"] for r in records]).tolist()):
+            if not math.isfinite(loss):
+                last = (f"the last good checkpoint ({self.out_dir}/ckpt_last.pt, step {self.saved['ckpt_last.pt']}) is "
+                        "untouched" if "ckpt_last.pt" in self.saved else "no checkpoint had been written yet")
+                raise FloatingPointError(f"the training loss is {loss} at step {record['step']} (read at step {self.step}: every "
+                                         f"--log_interval steps). Stopping; {last}. Try a lower --lr, or --dtype float32.")
+            record.update(loss=loss, grad_norm=grad_norm)
+        record.update(ms_per_step=1000 * seconds / len(records), tok_per_s=sum(r.pop("tokens") for r in records) / seconds)
+        if self.peak_flops:  # a GPU perf/flops.py knows: the model FLOPs utilization
+            record["mfu"] = sum(r["flops"] for r in records) / seconds / self.peak_flops
+        if self.device_type == "cuda":  # the most this process's tensors have held so far
+            record["max_memory_gb"] = torch.cuda.max_memory_allocated() / 1e9
+        self.log(*records)
+        return record
 
 
 def train(run, argv):
@@ -417,32 +447,32 @@ def train(run, argv):
             run.log_file = open_log(cfg.out_dir, cfg.init_from == "resume", cfg.overwrite, run.step)
         if run.step == 0:  # every rank evaluates (under FSDP a forward needs them all); rank 0 logs
             run.evaluate()
-        # The progress bar on a terminal; into a file or a pipe, one line per log_interval steps.
         bar = tqdm(total=cfg.max_iters, initial=run.step, disable=None if run.master else True, unit="step", dynamic_ncols=True)
-        t_last = time.perf_counter()
-        while run.step < cfg.max_iters and not run.stop_requested(stop):
-            record = run.train_step(model)
-            seconds = time.perf_counter() - t_last
-            record.update(ms_per_step=1000 * seconds, tok_per_s=record.pop("tokens") / seconds)
-            if run.peak_flops:  # a GPU perf/flops.py knows: the model FLOPs utilization
-                record["mfu"] = record["flops"] / seconds / run.peak_flops
-            if run.device_type == "cuda":  # the most this process's tensors have held so far
-                record["max_memory_gb"] = torch.cuda.max_memory_allocated() / 1e9
-            run.log(record)
+        t_start, unread = time.perf_counter(), []
+        while run.step < cfg.max_iters:
+            unread.append(run.train_step(model))
+            bar.update(1)
+            evaluating = run.step % cfg.eval_interval == 0 or run.step == cfg.max_iters
+            # The CPU waits for the device only every log_interval steps, before an evaluation (a non-finite loss must
+            # stop the run before it saves) and on a stop request; in between it queues the next steps while the GPU runs.
+            if run.step % cfg.log_interval and not evaluating and not (stop.signal and not run.ddp):
+                continue
+            record, unread = run.read(unread, t_start, stop), []
             extra = {"t_out/T": f"{record['t_out_share']:.2f}"} if cfg.task == "sft" else {}
             extra.update({"MFU": f"{record['mfu']:.1%}"} if "mfu" in record else {})
             if not bar.disable:
-                bar.update(1)
                 bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tok_per_s']:,.0f}", **extra)
             elif run.step % cfg.log_interval == 0:
                 run.print(f"step {run.step}: loss {record['loss']:.4f}, {record['ms_per_step']:.1f} ms/step, "
                           f"{record['tok_per_s']:,.0f} tok/s" + "".join(f", {k} {v}" for k, v in extra.items()))
-            if run.step % cfg.eval_interval == 0 or run.step == cfg.max_iters:
+            if stop.signal is not None:
+                break
+            if evaluating:
                 run.evaluate()
-            t_last = time.perf_counter()  # after the eval: each step is timed alone
+            t_start = time.perf_counter()  # after the eval: the steps are timed alone
         bar.close()
         if run.saved.get("ckpt_last.pt") != run.step:
-            run.checkpoint("ckpt_last.pt")  # after a stop request, and for --max_iters 0
+            run.checkpoint()  # after a stop request, and for --max_iters 0
     if stop.signal is not None:
         run.print(f"stopped by {stop.signal} after step {run.step}; saved {run.out_dir}/ckpt_last.pt. "
                   f"Resume with: {resume_command(argv)}")
@@ -474,6 +504,10 @@ def main(argv=None):
     config_name, cfg = parse_args(argv)
     run = Run(config_name, cfg)  # reads and checks everything; writes nothing
     try:
+        if cfg.init_from == "resume" and run.step >= cfg.max_iters:  # a finished run: write nothing, not even its log
+            run.print(f"nothing to do: {run.out_dir}/ckpt_last.pt is at step {run.step} and --max_iters is {cfg.max_iters}; "
+                      "a larger --max_iters trains on")
+            return run.best_val
         train(run, argv)
         if cfg.task == "sft":
             sft_report(run)
@@ -487,8 +521,9 @@ def main(argv=None):
         if run.ddp:
             dist.destroy_process_group()
     if run.master:
-        best = (f"best val loss {run.best_val:.4f} (ckpt_best.pt, step {run.saved['ckpt_best.pt']})"
-                if "ckpt_best.pt" in run.saved else "no evaluation after training started, so no ckpt_best.pt")
+        best = (f"best val loss {run.best_val:.4f} (ckpt_best.pt, step {run.saved['ckpt_best.pt']})" if "ckpt_best.pt" in run.saved
+                else f"best val loss {run.best_val:.4f} (ckpt_best.pt, before this resume)" if (run.out_dir / "ckpt_best.pt").exists()
+                else "no evaluation after training started, so no ckpt_best.pt")
         print(f"done: {run.step} steps; {best}; ckpt_last.pt at step {run.step}; in {run.out_dir}/")
     return run.best_val
 
