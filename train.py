@@ -22,7 +22,6 @@ import functools
 import json
 import math
 import os
-import shutil
 import signal
 import sys
 import time
@@ -35,7 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from checkpoint import (ArgumentParser, claim_out_dir, compile_works, load_start, open_log, pick_device, resume_command,
+from checkpoint import (ArgumentParser, claim_out_dir, compile_works, link_best, load_start, open_log, pick_device, resume_command,
                         restore_training_state, save_checkpoint, sync, training_state)
 from data.prepare_utils import PretrainBatches, atomic_write, find_dataset, load_meta
 from data.sft import SFTBatches, exact_match_report
@@ -49,14 +48,8 @@ def option(default, help, check=None):
     return field(default=default, metadata={"help": help, "check": check})
 
 
-def at_least(low):
-    return (lambda v: v >= low), f"must be >= {low}"
-
-
-def one_of(*choices):
-    return (lambda v: v in choices), f"must be one of {', '.join(choices)}"
-
-
+at_least = lambda low: ((lambda v: v >= low), f"must be >= {low}")  # the checks: (accepts(value), words)
+one_of = lambda *choices: ((lambda v: v in choices), f"must be one of {', '.join(choices)}")
 FRACTION, BELOW_ONE = ((lambda v: 0 <= v <= 1), "must be in [0, 1]"), ((lambda v: 0 <= v < 1), "must be in [0, 1)")
 
 
@@ -125,9 +118,7 @@ CONFIGS = {  # named presets: each sets only what differs from the defaults abov
                          seq_len=56, batch_size=64, max_iters=600, lr=5e-3, warmup_iters=50, eval_interval=150, eval_iters=2,
                          curriculum="train_short", curriculum_frac=0.67, weight_decay=0.0),
 }
-# The peak lr of a model pretrained elsewhere (--init_from hf:DIR) unless --lr is given, not the preset's (tuned from
-# scratch: small's 1e-3 raised SmolLM2-135M's loss). The paper's conversions continue at a tenth of its pre-training lr.
-PRETRAINED_LR = 1e-4
+PRETRAINED_LR = 1e-4  # --init_from hf:DIR: a tenth of small's, as the paper continues its conversions at a tenth of its lr
 
 
 def fail(message):  # stop with one line on stderr: what is wrong and what to do
@@ -166,8 +157,7 @@ def parse_args(argv):
         fail((f"unknown option {key}" if key.startswith("--") else f"expected --key value, got {unknown[0]!r}")
              + "; python train.py --help lists every option")
     values = vars(args)
-    given = values.pop("config")
-    name = given or "small"
+    name = (given := values.pop("config")) or "small"
     if given is None and not torch.cuda.is_available():
         print("note: no --config: running small, a GPU config (hours on a CPU); --config tiny is the laptop's")
     cfg = TrainConfig(**{**CONFIGS[name], **values})
@@ -176,8 +166,8 @@ def parse_args(argv):
             fail(f"--{f.name} {f.metadata['check'][1]}, got {getattr(cfg, f.name)!r}")
     if cfg.max_seq_len and cfg.max_seq_len < cfg.seq_len:
         fail(f"--max_seq_len ({cfg.max_seq_len}) must be 0 or >= --seq_len ({cfg.seq_len})")
-    if cfg.init_from.startswith("hf:") and "lr" not in values:
-        cfg.lr = PRETRAINED_LR
+    if cfg.init_from.startswith("hf:") and "lr" not in values:  # a preset's lr is tuned from scratch (small's raised
+        cfg.lr = PRETRAINED_LR                                      # SmolLM2-135M's loss): a pretrained model takes less
         if os.environ.get("RANK", "0") == "0":  # not once per process under torchrun
             print(f"note: lr {cfg.lr} (train.PRETRAINED_LR), not the {name} preset's, for a pretrained model; --lr sets another")
     if not cfg.out_dir:  # out/<config>-<attn>[-noso]; SFT on a pre-training config adds -sft-<dataset>
@@ -193,16 +183,14 @@ def parse_args(argv):
 def build_model(config_name, cfg, ckpt, vocab_size):
     """The model from scratch, resumed, or initialised from another checkpoint's weights."""
     chosen = dict(attn=cfg.attn, window=cfg.window, scale_offset=cfg.scale_offset, dropout=cfg.dropout)
-    max_len = cfg.max_seq_len or cfg.seq_len
+    max_len, preset, shape = cfg.max_seq_len or cfg.seq_len, TrainConfig(**CONFIGS[config_name]), ("n_layer", "n_head", "n_embd", "conv_kernel")
     if ckpt is None:
-        model_args = dict(vocab_size=vocab_size, n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
-                          conv_kernel=cfg.conv_kernel, max_seq_len=max_len, **chosen)
+        model_args = dict(vocab_size=vocab_size, max_seq_len=max_len, **{k: getattr(cfg, k) for k in shape}, **chosen)
     elif cfg.init_from == "resume":
         model_args = ckpt["model_config"]
     else:  # the checkpoint's shape; attn, window, scale-offset from this run: transformer -> orthros is the conversion
         model_args = {**ckpt["model_config"], **chosen}
         model_args["max_seq_len"] = max(model_args["max_seq_len"], max_len)
-    preset, shape = TrainConfig(**CONFIGS[config_name]), ("n_layer", "n_head", "n_embd", "conv_kernel")
     ignored = [f"--{k} {getattr(cfg, k)}" for k in shape if getattr(cfg, k) not in (getattr(preset, k), model_args[k])]
     if ignored:  # asked for (not the preset's value), and not the checkpoint's
         print(f"note: {', '.join(ignored)} ignored: the checkpoint's shape wins ({', '.join(f'{k}={model_args[k]}' for k in shape)})")
@@ -226,9 +214,8 @@ def lr_at(step, cfg):
 
 
 def shard(model, activation_checkpointing, bf16):
-    """FSDP2, in place: each Block, then the rest (embedding, final norm, head), becomes a unit whose weights,
-    gradients and optimizer state are split across the processes and gathered only while it runs. bf16 compute
-    with float32 gradient reduction where bf16 runs; activation checkpointing recomputes a block's activations."""
+    """FSDP2, in place: each Block, then the rest, a unit whose weights, gradients and optimizer state are split over the processes
+    and gathered only while it runs. bf16 compute with float32 gradient reduction; activation checkpointing recomputes a block's."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     for block in model.blocks:
@@ -258,8 +245,7 @@ class StopRequest:
     def handle(self, signum, frame):
         if self.signal is None:
             self.signal = signal.Signals(signum).name
-            tqdm.write(f"{self.signal}: stopping after this step (under torchrun, at the next log step) and saving "
-                       "ckpt_last.pt (Ctrl-C again stops at once, without saving)")
+            tqdm.write(f"{self.signal}: stopping after this step (torchrun: the next log step) and saving; Ctrl-C again: at once, unsaved")
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt
 
@@ -273,8 +259,8 @@ class Run:
         self.master, self.fsdp = self.rank == 0, self.ddp and cfg.fsdp  # rank 0 logs and saves
         if not self.ddp and (cfg.fsdp or cfg.activation_checkpointing):
             print("note: --fsdp and --activation_checkpointing act only under torchrun; one process trains as usual")
-        # Our own errors (bad options, missing data, a foreign checkpoint, a missing optional package) say
-        # everything in one line; anything else (CUDA, NCCL, ...) keeps its traceback.
+        # Our own errors (bad options, missing data, a foreign checkpoint, a missing package) say all in one line; anything
+        # else (CUDA, NCCL, ...) keeps its traceback.
         try:
             self.device = pick_device(cfg.device)
             if self.ddp and self.device.startswith("cuda"):
@@ -327,29 +313,22 @@ class Run:
             print(*map(json.dumps, records), sep="\n", file=self.log_file, flush=True)
 
     def checkpoint(self, best=False):
-        """Save everything a resume needs into ckpt_last.pt: model, optimizer, step, configs and the random states.
-        Every rank calls it: under FSDP the full (unsharded) states are gathered to rank 0, which writes them. With
-        best, ckpt_best.pt becomes the same file, a hard link (a copy where links fail): one write, not two."""
+        """Save everything a resume needs into ckpt_last.pt (with best, ckpt_best.pt becomes the same file: one write, not
+        two). Every rank calls it: under FSDP the full (unsharded) states are gathered to rank 0, which writes them."""
         state = training_state(self.raw_model, self.optimizer, self.train_gen)
         self.saved.update({"ckpt_last.pt": self.step, **({"ckpt_best.pt": self.step} if best else {})})
         if not self.master:
             return
-        last, tmp = self.out_dir / "ckpt_last.pt", self.out_dir / "ckpt_best.pt.tmp"
-        save_checkpoint(last, **state, step=self.step, best_val_loss=self.best_val,
+        save_checkpoint(self.out_dir / "ckpt_last.pt", **state, step=self.step, best_val_loss=self.best_val,
                         model_config=dataclasses.asdict(self.raw_model.config), train_config=dataclasses.asdict(self.cfg),
                         config_name=self.config_name, tokenizer=self.tokenizer_name, dataset=self.cfg.dataset)
-        if best:  # NOTE: save_checkpoint never writes into a file (a temp file, then a rename): the next
-            try:     # ckpt_last.pt is a new file, and ckpt_best.pt keeps these bytes
-                os.link(last, tmp)
-            except OSError:
-                shutil.copyfile(last, tmp)
-            os.replace(tmp, self.out_dir / "ckpt_best.pt")  # atomic, as every save
+        if best:
+            link_best(self.out_dir)
 
     @torch.no_grad()
     def evaluate(self):
-        """The mean loss over eval_iters batches per split, the same batches every time (a fixed seed); once
-        training has started, save ckpt_last.pt (ckpt_best.pt too when val improved). A run that starts from
-        a checkpoint's weights counts step 0 as well: its ckpt_best.pt is never worse than where it began."""
+        """The mean loss over eval_iters batches per split, the same batches every time (a fixed seed); once training has
+        started (a run from a checkpoint's weights: at step 0 too, so that ckpt_best.pt is never worse than its start), save."""
         cfg, model, losses = self.cfg, self.raw_model.eval(), {}
         bar = tqdm(total=2 * cfg.eval_iters, desc=f"eval at step {self.step}", leave=False, disable=None)  # on a terminal
         for split in ("train", "val"):
@@ -369,17 +348,15 @@ class Run:
             self.checkpoint(best=improved)
 
     def train_step(self, model):
-        """One optimizer step (grad_accum micro-steps). Returns its log record, with the loss and the gradient norm
-        still on the device: reading them would make the CPU wait for the GPU (read() does, once per log_interval)."""
+        """One optimizer step (grad_accum micro-steps). Returns its log record, the loss and gradient norm still on the device."""
         cfg = self.cfg
         lr = lr_at(self.step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         split = cfg.curriculum if cfg.curriculum and self.step < cfg.curriculum_frac * cfg.max_iters else "train"
-        # Every rank draws the same global batches and keeps its slice of each. The loss is the mean over all their
-        # targets, a count every rank knows without communicating: each slice adds its loss sum over that count,
-        # times world against the ranks' gradient average (DDP, FSDP). So SFT responses of any lengths give the same
-        # step on any number of processes and micro-steps (in pre-training this is the usual loss / grad_accum).
+        # Every rank draws the same global batches and keeps its slice of each. The loss is the mean over all their targets,
+        # a count every rank knows: each slice adds its loss sum over it, times world against DDP's (FSDP's) gradient average.
+        # So SFT responses of any lengths give the same step on any number of processes and micro-steps.
         batches = [self.batches.get(split, cfg.batch_size * self.world, self.train_gen) for _ in range(cfg.grad_accum)]
         n_targets = sum((y != IGNORE).sum() for _, y, _ in batches).clamp(min=1)  # on the device: nothing waits
         mine = slice(self.rank * cfg.batch_size, (self.rank + 1) * cfg.batch_size)
@@ -405,9 +382,8 @@ class Run:
                 "tokens": n_tokens, "flops": flops, "t_out_share": out_share}  # under FSDP grad_norm is a DTensor
 
     def read(self, records, t_start, stop):
-        """The CPU's one wait for the device in an interval: log the steps' losses and gradient norms (stopping at a
-        non-finite loss) and, on the last record, which it returns, the interval's speed. Under torchrun the ranks
-        also agree here on a stop request, so that they all stop at the same step."""
+        """The CPU's one wait for the device per interval: log the steps' losses and gradient norms, stop at a non-finite loss,
+        put the interval's speed on the last record (returned), and (under torchrun) agree on a stop request."""
         values = torch.stack([*(r["loss"] for r in records), torch.tensor(float(stop.signal is not None), device=self.device)])
         if self.ddp:  # each rank holds its targets' share of each loss, and its own stop flag
             dist.all_reduce(values)
@@ -416,14 +392,12 @@ class Run:
         stop.signal = stop.signal or ("a stop request on another rank" if stops else None)
         for record, loss, grad_norm in zip(records, losses, torch.stack([r["grad_norm"] for r in records]).tolist()):
             if not math.isfinite(loss):
-                last = (f"the last good checkpoint ({self.out_dir}/ckpt_last.pt, step {self.saved['ckpt_last.pt']}) is "
-                        "untouched" if "ckpt_last.pt" in self.saved else "no checkpoint had been written yet")
-                raise FloatingPointError(f"the training loss is {loss} at step {record['step']} (read at step {self.step}: every "
-                                         f"--log_interval steps). Stopping; {last}. Try a lower --lr, or --dtype float32.")
+                fail(f"the training loss is {loss} at step {record['step']} (read at step {self.step}, as every --log_interval). Stopping; "
+                     + (f"the last good checkpoint ({self.out_dir}/ckpt_last.pt, step {self.saved['ckpt_last.pt']}) is untouched"
+                        if "ckpt_last.pt" in self.saved else "no checkpoint had been written yet") + ". Try a lower --lr, or --dtype float32.")
             record.update(loss=loss, grad_norm=grad_norm)
-        record.update(ms_per_step=1000 * seconds / len(records), tok_per_s=sum(r.pop("tokens") for r in records) / seconds)
-        if self.peak_flops:  # a GPU perf/flops.py knows: the model FLOPs utilization
-            record["mfu"] = sum(r["flops"] for r in records) / seconds / self.peak_flops
+        record.update(ms_per_step=1000 * seconds / len(records), tok_per_s=sum(r.pop("tokens") for r in records) / seconds,
+                      **({"mfu": sum(r["flops"] for r in records) / seconds / self.peak_flops} if self.peak_flops else {}))
         if self.device_type == "cuda":  # the most this process's tensors have held so far
             record["max_memory_gb"] = torch.cuda.max_memory_allocated() / 1e9
         self.log(*records)
@@ -458,13 +432,12 @@ def train(run, argv):
             if run.step % cfg.log_interval and not evaluating and not (stop.signal and not run.ddp):
                 continue
             record, unread = run.read(unread, t_start, stop), []
-            extra = {"t_out/T": f"{record['t_out_share']:.2f}"} if cfg.task == "sft" else {}
-            extra.update({"MFU": f"{record['mfu']:.1%}"} if "mfu" in record else {})
+            line = (f"loss {record['loss']:.4f}, {record['ms_per_step']:.1f} ms/step, {record['tok_per_s']:,.0f} tok/s" + (f", t_out/T "
+                    f"{record['t_out_share']:.2f}" if cfg.task == "sft" else "") + (f", MFU {record['mfu']:.1%}" if "mfu" in record else ""))
             if not bar.disable:
-                bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tok_per_s']:,.0f}", **extra)
+                bar.set_postfix_str(line)
             elif run.step % cfg.log_interval == 0:
-                run.print(f"step {run.step}: loss {record['loss']:.4f}, {record['ms_per_step']:.1f} ms/step, "
-                          f"{record['tok_per_s']:,.0f} tok/s" + "".join(f", {k} {v}" for k, v in extra.items()))
+                run.print(f"step {run.step}: {line}")
             if stop.signal is not None:
                 break
             if evaluating:
@@ -492,7 +465,6 @@ def sft_report(run):
         idx = torch.tensor(prompts, device=run.device)
         with run.ctx:
             return run.raw_model.eval().generate(idx, n_new, temperature=0)[:, idx.size(1):].tolist()
-
     scores = exact_match_report(run.batches.examples.get("test", []), greedy, run.cfg.eval_exact_match, log=run.print)
     if scores and run.master:
         run.log({"step": run.step, "exact_match": scores})
@@ -505,25 +477,18 @@ def main(argv=None):
     run = Run(config_name, cfg)  # reads and checks everything; writes nothing
     try:
         if cfg.init_from == "resume" and run.step >= cfg.max_iters:  # a finished run: write nothing, not even its log
-            run.print(f"nothing to do: {run.out_dir}/ckpt_last.pt is at step {run.step} and --max_iters is {cfg.max_iters}; "
-                      "a larger --max_iters trains on")
-            return run.best_val
+            return run.print(f"nothing to do: {run.out_dir} is at step {run.step} of --max_iters {cfg.max_iters}; raise it to train on")
         train(run, argv)
         if cfg.task == "sft":
             sft_report(run)
-    except FloatingPointError as e:
-        if run.master:
-            print(f"\nerror: {e}", file=sys.stderr)
-        raise SystemExit(1)
     finally:
         if run.log_file is not None:
             run.log_file.close()
         if run.ddp:
             dist.destroy_process_group()
     if run.master:
-        best = (f"best val loss {run.best_val:.4f} (ckpt_best.pt, step {run.saved['ckpt_best.pt']})" if "ckpt_best.pt" in run.saved
-                else f"best val loss {run.best_val:.4f} (ckpt_best.pt, before this resume)" if (run.out_dir / "ckpt_best.pt").exists()
-                else "no evaluation after training started, so no ckpt_best.pt")
+        best = (f"best val loss {run.best_val:.4f} (ckpt_best.pt" + (f", step {run.saved['ckpt_best.pt']})" if "ckpt_best.pt" in run.saved
+                else ", before this resume)") if math.isfinite(run.best_val) else "no evaluation after training started, so no ckpt_best.pt")
         print(f"done: {run.step} steps; {best}; ckpt_last.pt at step {run.step}; in {run.out_dir}/")
     return run.best_val
 
