@@ -1,12 +1,14 @@
 """
 train.py under torchrun on CPU (gloo): DistributedDataParallel, and FSDP2 (--fsdp true), against
-one process on the same global batch.
+one process on the same global batch; for SFT, and for gradient accumulation, with responses of
+many lengths.
 
     python -m pytest -q tests/test_distributed.py
 """
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -61,6 +63,37 @@ def test_ddp_then_fsdp_resumed_give_one_process_losses_and_a_checkpoint_sample_r
     assert all(type(w).__name__ == "Tensor" for w in ckpt["model"].values())   # no DTensor shards
     sample.main(["--ckpt", str(tmp_path / "ckpt_last.pt"), "--device", "cpu", "--max_new_tokens", "5"])
     assert "loaded" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def sft(tmp_path_factory):
+    """An SFT dataset whose responses run from 1 to 40 characters, so that the halves of a batch (and its
+    micro-batches) hold different numbers of targets; and the losses of 4 steps on it in one process, batch 8."""
+    data, rng = tmp_path_factory.mktemp("sft_data"), random.Random(0)
+    for split, n in (("train", 64), ("val", 16)):
+        examples = [{"prompt": f"say {i}:", "response": "ab"[i % 2] * rng.randint(1, 40)} for i in range(n)]
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in examples))
+    args = ["--task", "sft", "--dataset", str(data), "--max_iters", "4", "--eval_interval", "4", "--eval_exact_match", "0"]
+    out = tmp_path_factory.mktemp("sft_one")
+    train.main([*COMMON, *args, "--batch_size", "8", "--out_dir", str(out)])
+    return args, losses(out)
+
+
+def test_sft_on_two_processes_gives_one_process_losses(tmp_path, sft):
+    """SFT's loss is the mean over the targets of the whole global batch, not a mean of each process's means: two
+    gloo processes with half of batch 8 each give the losses of one process, with responses of many lengths."""
+    args, one = sft
+    ddp = torchrun(tmp_path, *args)
+    assert ddp.returncode == 0, ddp.stderr
+    assert losses(tmp_path) == pytest.approx(one, abs=1e-5)
+
+
+def test_sft_with_gradient_accumulation_gives_one_big_batch_losses(tmp_path, sft):
+    """Two micro-steps of 4 give the losses of one batch of 8 (the loss is normalised by the targets of all the
+    micro-batches, not averaged over their means), with responses of many lengths."""
+    args, one = sft
+    train.main([*COMMON, *args, "--batch_size", "4", "--grad_accum", "2", "--out_dir", str(tmp_path)])
+    assert losses(tmp_path) == pytest.approx(one, abs=1e-5)
 
 
 def test_one_process_dying_ends_the_whole_run_naming_it(tmp_path):
