@@ -183,7 +183,8 @@ def parse_args(argv):
 def build_model(config_name, cfg, ckpt, vocab_size):
     """The model from scratch, resumed, or initialised from another checkpoint's weights."""
     chosen = dict(attn=cfg.attn, window=cfg.window, scale_offset=cfg.scale_offset, dropout=cfg.dropout)
-    max_len, preset, shape = cfg.max_seq_len or cfg.seq_len, TrainConfig(**CONFIGS[config_name]), ("n_layer", "n_head", "n_embd", "conv_kernel")
+    max_len = cfg.max_seq_len or cfg.seq_len
+    preset, shape = TrainConfig(**CONFIGS[config_name]), ("n_layer", "n_head", "n_embd", "conv_kernel")
     if ckpt is None:
         model_args = dict(vocab_size=vocab_size, max_seq_len=max_len, **{k: getattr(cfg, k) for k in shape}, **chosen)
     elif cfg.init_from == "resume":
@@ -214,8 +215,8 @@ def lr_at(step, cfg):
 
 
 def shard(model, activation_checkpointing, bf16):
-    """FSDP2, in place: each Block, then the rest, a unit whose weights, gradients and optimizer state are split over the processes
-    and gathered only while it runs. bf16 compute with float32 gradient reduction; activation checkpointing recomputes a block's."""
+    """FSDP2, in place: each Block, then the rest, becomes a unit whose weights, gradients and optimizer state are split over
+    the processes, gathered only while it runs; bf16 compute, float32 gradient reduction; checkpointing recomputes activations."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     for block in model.blocks:
@@ -259,8 +260,7 @@ class Run:
         self.master, self.fsdp = self.rank == 0, self.ddp and cfg.fsdp  # rank 0 logs and saves
         if not self.ddp and (cfg.fsdp or cfg.activation_checkpointing):
             print("note: --fsdp and --activation_checkpointing act only under torchrun; one process trains as usual")
-        # Our own errors (bad options, missing data, a foreign checkpoint, a missing package) say all in one line; anything
-        # else (CUDA, NCCL, ...) keeps its traceback.
+        # Our own errors (bad options, missing data, a foreign checkpoint, a missing package): one line; CUDA's, NCCL's: a traceback.
         try:
             self.device = pick_device(cfg.device)
             if self.ddp and self.device.startswith("cuda"):
@@ -392,14 +392,14 @@ class Run:
         stop.signal = stop.signal or ("a stop request on another rank" if stops else None)
         for record, loss, grad_norm in zip(records, losses, torch.stack([r["grad_norm"] for r in records]).tolist()):
             if not math.isfinite(loss):
-                fail(f"the training loss is {loss} at step {record['step']} (read at step {self.step}, as every --log_interval). Stopping; "
-                     + (f"the last good checkpoint ({self.out_dir}/ckpt_last.pt, step {self.saved['ckpt_last.pt']}) is untouched"
-                        if "ckpt_last.pt" in self.saved else "no checkpoint had been written yet") + ". Try a lower --lr, or --dtype float32.")
+                last = (f"the last good checkpoint ({self.out_dir}/ckpt_last.pt, step {self.saved['ckpt_last.pt']}) is untouched"
+                        if "ckpt_last.pt" in self.saved else "no checkpoint had been written yet")
+                fail(f"the training loss is {loss} at step {record['step']} (read at step {self.step}). Stopping; {last}. "
+                     "Try a lower --lr, or --dtype float32.")
             record.update(loss=loss, grad_norm=grad_norm)
         record.update(ms_per_step=1000 * seconds / len(records), tok_per_s=sum(r.pop("tokens") for r in records) / seconds,
-                      **({"mfu": sum(r["flops"] for r in records) / seconds / self.peak_flops} if self.peak_flops else {}))
-        if self.device_type == "cuda":  # the most this process's tensors have held so far
-            record["max_memory_gb"] = torch.cuda.max_memory_allocated() / 1e9
+                      **({"mfu": sum(r["flops"] for r in records) / seconds / self.peak_flops} if self.peak_flops else {}),
+                      **({"max_memory_gb": torch.cuda.max_memory_allocated() / 1e9} if self.device_type == "cuda" else {}))
         self.log(*records)
         return record
 
@@ -417,8 +417,7 @@ def train(run, argv):
     if run.ddp:
         dist.barrier()  # every rank has checked out_dir (in Run) before rank 0 writes into it
     with StopRequest() as stop:  # from the first write on, Ctrl-C saves
-        if run.master:
-            run.log_file = open_log(cfg.out_dir, cfg.init_from == "resume", cfg.overwrite, run.step)
+        run.log_file = open_log(cfg.out_dir, cfg.init_from == "resume", cfg.overwrite, run.step) if run.master else None
         if run.step == 0:  # every rank evaluates (under FSDP a forward needs them all); rank 0 logs
             run.evaluate()
         bar = tqdm(total=cfg.max_iters, initial=run.step, disable=None if run.master else True, unit="step", dynamic_ncols=True)
@@ -432,8 +431,9 @@ def train(run, argv):
             if run.step % cfg.log_interval and not evaluating and not (stop.signal and not run.ddp):
                 continue
             record, unread = run.read(unread, t_start, stop), []
-            line = (f"loss {record['loss']:.4f}, {record['ms_per_step']:.1f} ms/step, {record['tok_per_s']:,.0f} tok/s" + (f", t_out/T "
-                    f"{record['t_out_share']:.2f}" if cfg.task == "sft" else "") + (f", MFU {record['mfu']:.1%}" if "mfu" in record else ""))
+            share = f", t_out/T {record['t_out_share']:.2f}" if cfg.task == "sft" else ""  # of the positions, in the output stream
+            line = (f"loss {record['loss']:.4f}, {record['ms_per_step']:.1f} ms/step, {record['tok_per_s']:,.0f} tok/s{share}"
+                    + (f", MFU {record['mfu']:.1%}" if "mfu" in record else ""))
             if not bar.disable:
                 bar.set_postfix_str(line)
             elif run.step % cfg.log_interval == 0:
@@ -487,8 +487,8 @@ def main(argv=None):
         if run.ddp:
             dist.destroy_process_group()
     if run.master:
-        best = (f"best val loss {run.best_val:.4f} (ckpt_best.pt" + (f", step {run.saved['ckpt_best.pt']})" if "ckpt_best.pt" in run.saved
-                else ", before this resume)") if math.isfinite(run.best_val) else "no evaluation after training started, so no ckpt_best.pt")
+        best = (f"best val loss {run.best_val:.4f} (ckpt_best.pt, " + (f"step {run.saved['ckpt_best.pt']})" if "ckpt_best.pt" in run.saved
+                else "before this resume)") if math.isfinite(run.best_val) else "no evaluation after training started, so no ckpt_best.pt")
         print(f"done: {run.step} steps; {best}; ckpt_last.pt at step {run.step}; in {run.out_dir}/")
     return run.best_val
 
