@@ -267,6 +267,17 @@ def test_resuming_a_finished_run_says_there_is_nothing_to_do_and_writes_nothing(
     assert untouched(folder) == before
 
 
+def test_a_resumed_run_that_does_not_improve_names_its_earlier_best(pretrained, tmp_path, capsys):
+    """A resumed run whose evaluations do not beat the best before it ends by naming that ckpt_best.pt (still there),
+    not by saying there is none."""
+    folder = tmp_path / "run"
+    shutil.copytree(pretrained, folder)
+    run_train(folder, "--init_from", "resume", "--lr", "0", "--max_iters", "11", "--eval_interval", "11")
+    done = capsys.readouterr().out.splitlines()[-1]
+    assert "(ckpt_best.pt, before this resume)" in done and "no ckpt_best.pt" not in done, done
+    assert load_checkpoint(folder / "ckpt_best.pt")["step"] == 10
+
+
 def test_the_printed_resume_command_gives_back_the_same_options():
     """The resume command is quoted for the shell: an empty value and one with a space read back as the same
     options, with --init_from resume instead of the run's --init_from and --overwrite."""
