@@ -235,7 +235,7 @@ class StopRequest:
     a repeated SIGTERM just waits. Before it, Ctrl-C ends the run the way Python does: nothing is written yet."""
 
     def __enter__(self):
-        self.signal = None
+        self.asked = self.signal = None  # asked: on this process; signal: the stop the processes agreed on, at a read
         self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
         return self
 
@@ -244,9 +244,9 @@ class StopRequest:
             signal.signal(s, handler)
 
     def handle(self, signum, frame):
-        if self.signal is None:
-            self.signal = signal.Signals(signum).name
-            tqdm.write(f"{self.signal}: stopping after this step (torchrun: the next log step) and saving; Ctrl-C again: at once, unsaved")
+        if self.asked is None:
+            self.asked = signal.Signals(signum).name
+            tqdm.write(f"{self.asked}: stopping after this step (torchrun: the next log step) and saving; Ctrl-C again: at once, unsaved")
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt
 
@@ -384,12 +384,12 @@ class Run:
     def read(self, records, t_start, stop):
         """The CPU's one wait for the device per interval: log the steps' losses and gradient norms, stop at a non-finite loss,
         put the interval's speed on the last record (returned), and (under torchrun) agree on a stop request."""
-        values = torch.stack([*(r["loss"] for r in records), torch.tensor(float(stop.signal is not None), device=self.device)])
+        values = torch.stack([*(r["loss"] for r in records), torch.tensor(float(stop.asked is not None), device=self.device)])
         if self.ddp:  # each rank holds its targets' share of each loss, and its own stop flag
             dist.all_reduce(values)
         sync(self.device)  # the clock then measures the work done, not the work queued
         seconds, (*losses, stops) = time.perf_counter() - t_start, values.tolist()
-        stop.signal = stop.signal or ("a stop request on another rank" if stops else None)
+        stop.signal = (stop.asked or "a stop request on another rank") if stops else None  # the same on every rank
         for record, loss, grad_norm in zip(records, losses, torch.stack([r["grad_norm"] for r in records]).tolist()):
             if not math.isfinite(loss):
                 last = (f"the last good checkpoint ({self.out_dir}/ckpt_last.pt, step {self.saved['ckpt_last.pt']}) is untouched"
@@ -428,7 +428,7 @@ def train(run, argv):
             evaluating = run.step % cfg.eval_interval == 0 or run.step == cfg.max_iters
             # The CPU waits for the device only every log_interval steps, before an evaluation (a non-finite loss must
             # stop the run before it saves) and on a stop request; in between it queues the next steps while the GPU runs.
-            if run.step % cfg.log_interval and not evaluating and not (stop.signal and not run.ddp):
+            if run.step % cfg.log_interval and not evaluating and not (stop.asked and not run.ddp):
                 continue
             record, unread = run.read(unread, t_start, stop), []
             share = f", t_out/T {record['t_out_share']:.2f}" if cfg.task == "sft" else ""  # of the positions, in the output stream

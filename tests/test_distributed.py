@@ -96,20 +96,40 @@ def test_sft_with_gradient_accumulation_gives_one_big_batch_losses(tmp_path, sft
     assert losses(tmp_path) == pytest.approx(one, abs=1e-5)
 
 
-def test_one_process_dying_ends_the_whole_run_naming_it(tmp_path):
-    """When one of the processes dies (as under the OOM killer), the run ends at once, not in a hang,
-    and torchrun names the dead process as the root cause."""
+def started(out_dir, log_interval, *args):
+    """A long torchrun run of 2 processes, once its output shows step 2 * log_interval: (torchrun's Popen, rank 1's pid)."""
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                             "train.py", *COMMON, "--batch_size", "4", "--fsdp", "true", "--max_iters", "100000",
-                             "--eval_interval", "100000", "--log_interval", "1", "--out_dir", str(tmp_path)],
+                             "train.py", *COMMON, "--batch_size", "4", *args, "--max_iters", "100000", "--eval_interval",
+                             "100000", "--log_interval", str(log_interval), "--out_dir", str(out_dir)],
                             cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:  # training has started on both processes
-        if line.startswith("step 2:"):
+        if line.startswith(f"step {2 * log_interval}:"):
             break
     rank1 = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
              if open(f"/proc/{pid}/stat").read().split()[3] == str(proc.pid)
              and b"\0RANK=1\0" in b"\0" + open(f"/proc/{pid}/environ", "rb").read()]
-    os.kill(rank1[0], signal.SIGKILL)
+    return proc, rank1[0]
+
+
+def test_a_stop_request_on_one_process_stops_both_at_the_next_read(tmp_path):
+    """A SIGTERM to one process (rank 1) stops both at the same step, the next read of the losses (every
+    log_interval steps, where the processes agree on it): rank 0 saves ckpt_last.pt there and names the request."""
+    proc, rank1 = started(tmp_path, 3)
+    os.kill(rank1, signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=120)   # a hang would end here, as a failure
+    finally:
+        proc.kill()
+    assert "stopped by a stop request on another rank" in out, out + err[-3000:]
+    step = load_checkpoint(tmp_path / "ckpt_last.pt")["step"]
+    assert step % 3 == 0 and f"after step {step}; saved" in out
+
+
+def test_one_process_dying_ends_the_whole_run_naming_it(tmp_path):
+    """When one of the processes dies (as under the OOM killer), the run ends at once, not in a hang,
+    and torchrun names the dead process as the root cause."""
+    proc, rank1 = started(tmp_path, 1, "--fsdp", "true")
+    os.kill(rank1, signal.SIGKILL)
     try:
         _, err = proc.communicate(timeout=120)   # a hang would end here, as a failure
     finally:
