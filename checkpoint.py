@@ -23,7 +23,10 @@ device (pick_device, sync, compile_works) and the command line's one-line errors
 
 import argparse
 import json
+import os
 import re
+import shlex
+import shutil
 from pathlib import Path
 
 import torch
@@ -155,10 +158,33 @@ def claim_out_dir(out_dir, init_from, overwrite):
                          "resume, start a new one with --out_dir NEW_DIR, or replace it with --overwrite true")
 
 
+def link_best(out_dir):
+    """Make out_dir's ckpt_best.pt the file ckpt_last.pt is, without writing it again: a hard link (a copy where
+    the file system has none), renamed into place, so atomic as every save. NOTE: this needs save_checkpoint never
+    to write into a file (it writes a temp file, then renames it): the next ckpt_last.pt is then a new file, and
+    ckpt_best.pt keeps these bytes."""
+    out_dir = Path(out_dir)
+    tmp = out_dir / "ckpt_best.pt.tmp"
+    tmp.unlink(missing_ok=True)  # left by a crash
+    try:
+        os.link(out_dir / "ckpt_last.pt", tmp)
+    except OSError:
+        shutil.copyfile(out_dir / "ckpt_last.pt", tmp)
+    os.replace(tmp, out_dir / "ckpt_best.pt")
+
+
 def resume_command(argv):
-    """The command line that continues this run: the same options, with --init_from resume."""
-    kept = re.sub(r"\s*--(init_from|overwrite)(=|\s+)\S+", "", " " + " ".join(argv)).strip()
-    return f"python train.py {kept} --init_from resume".replace("  ", " ")
+    """The command line that continues this run: the same options, with --init_from resume, quoted
+    for the shell (an empty value, --curriculum "", or one with spaces survives a copy and paste)."""
+    kept, drop_value = [], False
+    for arg in argv:
+        if drop_value:
+            drop_value = False
+        elif arg.split("=")[0] in ("--init_from", "--overwrite"):
+            drop_value = "=" not in arg  # --key value, not --key=value
+        else:
+            kept.append(arg)
+    return shlex.join(["python", "train.py", *kept, "--init_from", "resume"])
 
 
 def open_log(out_dir, resume, overwrite, start_step):

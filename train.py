@@ -34,12 +34,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from checkpoint import (ArgumentParser, claim_out_dir, compile_works, load_start, open_log, pick_device, resume_command,
-                        restore_training_state, save_checkpoint, training_state)
+from checkpoint import (ArgumentParser, claim_out_dir, compile_works, link_best, load_start, open_log, pick_device, resume_command,
+                        restore_training_state, save_checkpoint, sync, training_state)
 from data.prepare_utils import PretrainBatches, atomic_write, find_dataset, load_meta
 from data.sft import SFTBatches, exact_match_report
 from data.tokenizer import get_tokenizer
-from orthros import Orthros, OrthrosConfig, compile_blocks
+from orthros import IGNORE, Orthros, OrthrosConfig, compile_blocks
 from perf.flops import forward_flops, peak_flops
 
 
@@ -48,14 +48,8 @@ def option(default, help, check=None):
     return field(default=default, metadata={"help": help, "check": check})
 
 
-def at_least(low):
-    return (lambda v: v >= low), f"must be >= {low}"
-
-
-def one_of(*choices):
-    return (lambda v: v in choices), f"must be one of {', '.join(choices)}"
-
-
+at_least = lambda low: ((lambda v: v >= low), f"must be >= {low}")  # the checks: (accepts(value), words)
+one_of = lambda *choices: ((lambda v: v in choices), f"must be one of {', '.join(choices)}")
 FRACTION, BELOW_ONE = ((lambda v: 0 <= v <= 1), "must be in [0, 1]"), ((lambda v: 0 <= v < 1), "must be in [0, 1)")
 
 
@@ -83,7 +77,7 @@ class TrainConfig:
     batch_size: int = option(16, "sequences per micro-step (per GPU under torchrun)", at_least(1))
     grad_accum: int = option(1, "micro-steps per optimizer step", at_least(1))
     max_iters: int = option(2000, "optimizer steps in all (0 = evaluate and save the initial model)", at_least(0))
-    lr: float = option(1e-3, "peak learning rate", at_least(0))
+    lr: float = option(1e-3, "peak learning rate (from --init_from hf:DIR: train.PRETRAINED_LR = 1e-4)", at_least(0))
     min_lr_ratio: float = option(0.1, "the final learning rate, as a fraction of lr", FRACTION)
     warmup_iters: int = option(100, "steps of linear warmup", at_least(0))
     weight_decay: float = option(0.1, "AdamW weight decay, on matrices only", at_least(0))
@@ -93,7 +87,7 @@ class TrainConfig:
     # evaluation, logging, checkpoints
     eval_interval: int = option(250, "evaluate and checkpoint every this many steps", at_least(1))
     eval_iters: int = option(20, "batches per split in each evaluation", at_least(1))
-    log_interval: int = option(10, "steps per log line when the output is not a terminal", at_least(1))
+    log_interval: int = option(10, "steps between reads of the loss from the device (and log lines, into a file)", at_least(1))
     out_dir: str = option("", "where logs and checkpoints go; '' = out/<config>-<attn>[-sft-<dataset>]")
     init_from: str = option("scratch", "scratch | resume (out_dir/ckpt_last.pt) | path/to/ckpt.pt (e.g. a transformer to convert)")
     overwrite: bool = option(False, "true = replace the run already in out_dir (its log and checkpoints are deleted)")
@@ -124,6 +118,7 @@ CONFIGS = {  # named presets: each sets only what differs from the defaults abov
                          seq_len=56, batch_size=64, max_iters=600, lr=5e-3, warmup_iters=50, eval_interval=150, eval_iters=2,
                          curriculum="train_short", curriculum_frac=0.67, weight_decay=0.0),
 }
+PRETRAINED_LR = 1e-4  # --init_from hf:DIR: a tenth of small's, as the paper continues its conversions at a tenth of its lr
 
 
 def fail(message):  # stop with one line on stderr: what is wrong and what to do
@@ -162,8 +157,7 @@ def parse_args(argv):
         fail((f"unknown option {key}" if key.startswith("--") else f"expected --key value, got {unknown[0]!r}")
              + "; python train.py --help lists every option")
     values = vars(args)
-    given = values.pop("config")
-    name = given or "small"
+    name = (given := values.pop("config")) or "small"
     if given is None and not torch.cuda.is_available():
         print("note: no --config: running small, a GPU config (hours on a CPU); --config tiny is the laptop's")
     cfg = TrainConfig(**{**CONFIGS[name], **values})
@@ -172,6 +166,10 @@ def parse_args(argv):
             fail(f"--{f.name} {f.metadata['check'][1]}, got {getattr(cfg, f.name)!r}")
     if cfg.max_seq_len and cfg.max_seq_len < cfg.seq_len:
         fail(f"--max_seq_len ({cfg.max_seq_len}) must be 0 or >= --seq_len ({cfg.seq_len})")
+    if cfg.init_from.startswith("hf:") and "lr" not in values:  # a preset's lr is tuned from scratch (small's raised
+        cfg.lr = PRETRAINED_LR                                      # SmolLM2-135M's loss): a pretrained model takes less
+        if os.environ.get("RANK", "0") == "0":  # not once per process under torchrun
+            print(f"note: lr {cfg.lr} (train.PRETRAINED_LR), not the {name} preset's, for a pretrained model; --lr sets another")
     if not cfg.out_dir:  # out/<config>-<attn>[-noso]; SFT on a pre-training config adds -sft-<dataset>
         cfg.out_dir = f"out/{name}-{cfg.attn}" + ("-noso" if cfg.attn == "orthros" and not cfg.scale_offset else "")
         if cfg.task != CONFIGS[name].get("task", "pretrain"):
@@ -186,24 +184,23 @@ def build_model(config_name, cfg, ckpt, vocab_size):
     """The model from scratch, resumed, or initialised from another checkpoint's weights."""
     chosen = dict(attn=cfg.attn, window=cfg.window, scale_offset=cfg.scale_offset, dropout=cfg.dropout)
     max_len = cfg.max_seq_len or cfg.seq_len
+    preset, shape = TrainConfig(**CONFIGS[config_name]), ("n_layer", "n_head", "n_embd", "conv_kernel")
     if ckpt is None:
-        model_args = dict(vocab_size=vocab_size, n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
-                          conv_kernel=cfg.conv_kernel, max_seq_len=max_len, **chosen)
+        model_args = dict(vocab_size=vocab_size, max_seq_len=max_len, **{k: getattr(cfg, k) for k in shape}, **chosen)
     elif cfg.init_from == "resume":
         model_args = ckpt["model_config"]
     else:  # the checkpoint's shape; attn, window, scale-offset from this run: transformer -> orthros is the conversion
         model_args = {**ckpt["model_config"], **chosen}
         model_args["max_seq_len"] = max(model_args["max_seq_len"], max_len)
-    preset, shape = TrainConfig(**CONFIGS[config_name]), ("n_layer", "n_head", "n_embd", "conv_kernel")
     ignored = [f"--{k} {getattr(cfg, k)}" for k in shape if getattr(cfg, k) not in (getattr(preset, k), model_args[k])]
     if ignored:  # asked for (not the preset's value), and not the checkpoint's
         print(f"note: {', '.join(ignored)} ignored: the checkpoint's shape wins ({', '.join(f'{k}={model_args[k]}' for k in shape)})")
+    for k in shape:  # the config printed and saved shows the model's real shape, not the preset's
+        setattr(cfg, k, model_args[k])
     try:
         model = Orthros(OrthrosConfig(**model_args))
-        if ckpt is not None and cfg.init_from == "resume":
-            model.load_state_dict(ckpt["model"])
-        elif ckpt is not None:
-            model.load_transformer_weights(ckpt["model"])
+        if ckpt is not None:
+            (model.load_state_dict if cfg.init_from == "resume" else model.load_transformer_weights)(ckpt["model"])
     except ValueError as e:  # an impossible model; weights of another model
         fail(f"--init_from {cfg.init_from}: {e}" if ckpt is not None else str(e))
     return model
@@ -218,9 +215,8 @@ def lr_at(step, cfg):
 
 
 def shard(model, activation_checkpointing, bf16):
-    """FSDP2, in place: each Block, then the rest (embedding, final norm, head), becomes a unit whose weights,
-    gradients and optimizer state are split across the processes and gathered only while it runs. bf16 compute
-    with float32 gradient reduction where bf16 runs; activation checkpointing recomputes a block's activations."""
+    """FSDP2, in place: each Block, then the rest, becomes a unit whose weights, gradients and optimizer state are split over
+    the processes, gathered only while it runs; bf16 compute, float32 gradient reduction; checkpointing recomputes activations."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     for block in model.blocks:
@@ -234,12 +230,12 @@ def shard(model, activation_checkpointing, bf16):
 # The run: Run reads and checks everything (writing nothing), then train() is the loop; Ctrl-C saves
 
 class StopRequest:
-    """While the run writes: SIGINT (Ctrl-C) and SIGTERM ask the loop to stop after the current step and save
-    ckpt_last.pt. A second Ctrl-C stops at once (KeyboardInterrupt), without saving; a repeated SIGTERM just
-    waits. Before it, Ctrl-C ends the run the way Python does: nothing is written yet."""
+    """While the run writes: SIGINT (Ctrl-C) and SIGTERM ask the loop to stop after the current step (under torchrun,
+    at the next log step) and save ckpt_last.pt. A second Ctrl-C stops at once (KeyboardInterrupt), without saving;
+    a repeated SIGTERM just waits. Before it, Ctrl-C ends the run the way Python does: nothing is written yet."""
 
     def __enter__(self):
-        self.signal = None
+        self.asked = self.signal = None  # asked: on this process; signal: the stop the processes agreed on, at a read
         self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
         return self
 
@@ -248,10 +244,9 @@ class StopRequest:
             signal.signal(s, handler)
 
     def handle(self, signum, frame):
-        if self.signal is None:
-            self.signal = signal.Signals(signum).name
-            tqdm.write(f"{self.signal}: stopping after this step and saving ckpt_last.pt "
-                       "(Ctrl-C again stops at once, without saving)")
+        if self.asked is None:
+            self.asked = signal.Signals(signum).name
+            tqdm.write(f"{self.asked}: stopping after this step (torchrun: the next log step) and saving; Ctrl-C again: at once, unsaved")
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt
 
@@ -265,8 +260,7 @@ class Run:
         self.master, self.fsdp = self.rank == 0, self.ddp and cfg.fsdp  # rank 0 logs and saves
         if not self.ddp and (cfg.fsdp or cfg.activation_checkpointing):
             print("note: --fsdp and --activation_checkpointing act only under torchrun; one process trains as usual")
-        # Our own errors (bad options, missing data, a foreign checkpoint, a missing optional package) say
-        # everything in one line; anything else (CUDA, NCCL, ...) keeps its traceback.
+        # Our own errors (bad options, missing data, a foreign checkpoint, a missing package): one line; CUDA's, NCCL's: a traceback.
         try:
             self.device = pick_device(cfg.device)
             if self.ddp and self.device.startswith("cuda"):
@@ -314,24 +308,27 @@ class Run:
         if self.master:
             tqdm.write(" ".join(map(str, args)))  # above the progress bar, if there is one
 
-    def log(self, record):
+    def log(self, *records):
         if self.master:
-            print(json.dumps(record), file=self.log_file, flush=True)
+            print(*map(json.dumps, records), sep="\n", file=self.log_file, flush=True)
 
-    def checkpoint(self, name):
-        """Save everything a resume needs: model, optimizer, step, configs and the random states. Every
-        rank calls it: under FSDP the full (unsharded) states are gathered to rank 0, which writes them."""
+    def checkpoint(self, best=False):
+        """Save everything a resume needs into ckpt_last.pt (with best, ckpt_best.pt becomes the same file: one write, not
+        two). Every rank calls it: under FSDP the full (unsharded) states are gathered to rank 0, which writes them."""
         state = training_state(self.raw_model, self.optimizer, self.train_gen)
-        self.saved[name] = self.step
-        if self.master:
-            save_checkpoint(self.out_dir / name, **state, step=self.step, best_val_loss=self.best_val,
-                            model_config=dataclasses.asdict(self.raw_model.config), train_config=dataclasses.asdict(self.cfg),
-                            config_name=self.config_name, tokenizer=self.tokenizer_name, dataset=self.cfg.dataset)
+        self.saved.update({"ckpt_last.pt": self.step, **({"ckpt_best.pt": self.step} if best else {})})
+        if not self.master:
+            return
+        save_checkpoint(self.out_dir / "ckpt_last.pt", **state, step=self.step, best_val_loss=self.best_val,
+                        model_config=dataclasses.asdict(self.raw_model.config), train_config=dataclasses.asdict(self.cfg),
+                        config_name=self.config_name, tokenizer=self.tokenizer_name, dataset=self.cfg.dataset)
+        if best:
+            link_best(self.out_dir)
 
     @torch.no_grad()
     def evaluate(self):
-        """The mean loss over eval_iters batches per split, the same batches every time (a fixed seed);
-        once training has started, save ckpt_last.pt (and ckpt_best.pt when val improved)."""
+        """The mean loss over eval_iters batches per split, the same batches every time (a fixed seed); once training has
+        started (a run from a checkpoint's weights: at step 0 too, so that ckpt_best.pt is never worse than its start), save."""
         cfg, model, losses = self.cfg, self.raw_model.eval(), {}
         bar = tqdm(total=2 * cfg.eval_iters, desc=f"eval at step {self.step}", leave=False, disable=None)  # on a terminal
         for split in ("train", "val"):
@@ -346,25 +343,25 @@ class Run:
         model.train()
         self.log({"step": self.step, "train_loss": losses["train"], "val_loss": losses["val"]})
         self.print(f"step {self.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-        if self.step > self.start_step:
-            if losses["val"] < self.best_val:
-                self.best_val = losses["val"]
-                self.checkpoint("ckpt_best.pt")
-            self.checkpoint("ckpt_last.pt")
+        if self.step > self.start_step or self.cfg.init_from not in ("scratch", "resume"):
+            improved, self.best_val = losses["val"] < self.best_val, min(losses["val"], self.best_val)
+            self.checkpoint(best=improved)
 
     def train_step(self, model):
-        """One optimizer step (grad_accum micro-steps). Returns its log record."""
+        """One optimizer step (grad_accum micro-steps). Returns its log record, the loss and gradient norm still on the device."""
         cfg = self.cfg
         lr = lr_at(self.step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         split = cfg.curriculum if cfg.curriculum and self.step < cfg.curriculum_frac * cfg.max_iters else "train"
+        # Every rank draws the same global batches and keeps its slice of each. The loss is the mean over all their targets,
+        # a count every rank knows: each slice adds its loss sum over it, times world against DDP's (FSDP's) gradient average.
+        # So SFT responses of any lengths give the same step on any number of processes and micro-steps.
+        batches = [self.batches.get(split, cfg.batch_size * self.world, self.train_gen) for _ in range(cfg.grad_accum)]
+        n_targets = sum((y != IGNORE).sum() for _, y, _ in batches).clamp(min=1)  # on the device: nothing waits
+        mine = slice(self.rank * cfg.batch_size, (self.rank + 1) * cfg.batch_size)
         loss_sum, n_tokens, flops, out_share = torch.zeros((), device=self.device), 0, 0, 0.0
-        for micro in range(cfg.grad_accum):
-            # Every rank draws the same global batch and keeps its own slice: the result does not
-            # depend on how many processes share the work.
-            x, y, t_out = self.batches.get(split, cfg.batch_size * self.world, self.train_gen)
-            mine = slice(self.rank * cfg.batch_size, (self.rank + 1) * cfg.batch_size)
+        for micro, (x, y, t_out) in enumerate(batches):
             x, y = x[mine], y[mine]
             n_tokens += x.numel() * self.world
             flops += 3 * x.size(0) * forward_flops(self.raw_model.config, x.size(1), t_out)  # this process's: forward + backward
@@ -374,30 +371,37 @@ class Run:
                 model.set_requires_gradient_sync(sync_grads)
             with self.ctx, (nullcontext() if sync_grads or self.fsdp else model.no_sync()):
                 _, loss = model(x, y, t_out=t_out)
-                (loss / cfg.grad_accum).backward()
-            loss_sum += loss.detach() / cfg.grad_accum
-        if self.ddp:
-            dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
-        if not math.isfinite(loss_sum.item()):
-            last = (f"the last good checkpoint ({self.out_dir}/ckpt_last.pt, step {self.saved['ckpt_last.pt']}) is "
-                    "untouched" if "ckpt_last.pt" in self.saved else "no checkpoint had been written yet")
-            raise FloatingPointError(f"the training loss is {loss_sum.item()} at step {self.step + 1}. Stopping; {last}. "
-                                     "Try a lower --lr, or --dtype float32.")
+                share = loss * (y != IGNORE).sum() / n_targets  # this slice's loss sum over the global count
+                (share * self.world).backward()
+            loss_sum += share.detach()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.grad_clip or float("inf"))
-        grad_norm = (grad_norm.full_tensor() if self.fsdp else grad_norm).item()  # under FSDP a DTensor
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return {"step": self.step, "loss": loss_sum.item(), "lr": lr, "grad_norm": grad_norm, "tokens": n_tokens,
-                "flops": flops, "t_out_share": out_share}
+        return {"step": self.step, "loss": loss_sum, "lr": lr, "grad_norm": grad_norm.full_tensor() if self.fsdp else grad_norm,
+                "tokens": n_tokens, "flops": flops, "t_out_share": out_share}  # under FSDP grad_norm is a DTensor
 
-    def stop_requested(self, stop):
-        """Whether a stop was asked for, on any rank (they must all stop at the same step)."""
-        if self.ddp:
-            flag = torch.tensor(float(stop.signal is not None), device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            stop.signal = stop.signal or ("a stop request on another rank" if flag.item() else None)
-        return stop.signal is not None
+    def read(self, records, t_start, stop):
+        """The CPU's one wait for the device per interval: log the steps' losses and gradient norms, stop at a non-finite loss,
+        put the interval's speed on the last record (returned), and (under torchrun) agree on a stop request."""
+        values = torch.stack([*(r["loss"] for r in records), torch.tensor(float(stop.asked is not None), device=self.device)])
+        if self.ddp:  # each rank holds its targets' share of each loss, and its own stop flag
+            dist.all_reduce(values)
+        sync(self.device)  # the clock then measures the work done, not the work queued
+        seconds, (*losses, stops) = time.perf_counter() - t_start, values.tolist()
+        stop.signal = (stop.asked or "a stop request on another rank") if stops else None  # the same on every rank
+        for record, loss, grad_norm in zip(records, losses, torch.stack([r["grad_norm"] for r in records]).tolist()):
+            if not math.isfinite(loss):
+                last = (f"the last good checkpoint ({self.out_dir}/ckpt_last.pt, step {self.saved['ckpt_last.pt']}) is untouched"
+                        if "ckpt_last.pt" in self.saved else "no checkpoint had been written yet")
+                fail(f"the training loss is {loss} at step {record['step']} (read at step {self.step}). Stopping; {last}. "
+                     "Try a lower --lr, or --dtype float32.")
+            record.update(loss=loss, grad_norm=grad_norm)
+        record.update(ms_per_step=1000 * seconds / len(records), tok_per_s=sum(r.pop("tokens") for r in records) / seconds,
+                      **({"mfu": sum(r["flops"] for r in records) / seconds / self.peak_flops} if self.peak_flops else {}),
+                      **({"max_memory_gb": torch.cuda.max_memory_allocated() / 1e9} if self.device_type == "cuda" else {}))
+        self.log(*records)
+        return record
 
 
 def train(run, argv):
@@ -413,36 +417,35 @@ def train(run, argv):
     if run.ddp:
         dist.barrier()  # every rank has checked out_dir (in Run) before rank 0 writes into it
     with StopRequest() as stop:  # from the first write on, Ctrl-C saves
-        if run.master:
-            run.log_file = open_log(cfg.out_dir, cfg.init_from == "resume", cfg.overwrite, run.step)
+        run.log_file = open_log(cfg.out_dir, cfg.init_from == "resume", cfg.overwrite, run.step) if run.master else None
         if run.step == 0:  # every rank evaluates (under FSDP a forward needs them all); rank 0 logs
             run.evaluate()
-        # The progress bar on a terminal; into a file or a pipe, one line per log_interval steps.
         bar = tqdm(total=cfg.max_iters, initial=run.step, disable=None if run.master else True, unit="step", dynamic_ncols=True)
-        t_last = time.perf_counter()
-        while run.step < cfg.max_iters and not run.stop_requested(stop):
-            record = run.train_step(model)
-            seconds = time.perf_counter() - t_last
-            record.update(ms_per_step=1000 * seconds, tok_per_s=record.pop("tokens") / seconds)
-            if run.peak_flops:  # a GPU perf/flops.py knows: the model FLOPs utilization
-                record["mfu"] = record["flops"] / seconds / run.peak_flops
-            if run.device_type == "cuda":  # the most this process's tensors have held so far
-                record["max_memory_gb"] = torch.cuda.max_memory_allocated() / 1e9
-            run.log(record)
-            extra = {"t_out/T": f"{record['t_out_share']:.2f}"} if cfg.task == "sft" else {}
-            extra.update({"MFU": f"{record['mfu']:.1%}"} if "mfu" in record else {})
+        t_start, unread = time.perf_counter(), []
+        while run.step < cfg.max_iters:
+            unread.append(run.train_step(model))
+            bar.update(1)
+            evaluating = run.step % cfg.eval_interval == 0 or run.step == cfg.max_iters
+            # The CPU waits for the device only every log_interval steps, before an evaluation (a non-finite loss must
+            # stop the run before it saves) and on a stop request; in between it queues the next steps while the GPU runs.
+            if run.step % cfg.log_interval and not evaluating and not (stop.asked and not run.ddp):
+                continue
+            record, unread = run.read(unread, t_start, stop), []
+            share = f", t_out/T {record['t_out_share']:.2f}" if cfg.task == "sft" else ""  # of the positions, in the output stream
+            line = (f"loss {record['loss']:.4f}, {record['ms_per_step']:.1f} ms/step, {record['tok_per_s']:,.0f} tok/s{share}"
+                    + (f", MFU {record['mfu']:.1%}" if "mfu" in record else ""))
             if not bar.disable:
-                bar.update(1)
-                bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tok_per_s']:,.0f}", **extra)
+                bar.set_postfix_str(line)
             elif run.step % cfg.log_interval == 0:
-                run.print(f"step {run.step}: loss {record['loss']:.4f}, {record['ms_per_step']:.1f} ms/step, "
-                          f"{record['tok_per_s']:,.0f} tok/s" + "".join(f", {k} {v}" for k, v in extra.items()))
-            if run.step % cfg.eval_interval == 0 or run.step == cfg.max_iters:
+                run.print(f"step {run.step}: {line}")
+            if stop.signal is not None:
+                break
+            if evaluating:
                 run.evaluate()
-            t_last = time.perf_counter()  # after the eval: each step is timed alone
+            t_start = time.perf_counter()  # after the eval: the steps are timed alone
         bar.close()
         if run.saved.get("ckpt_last.pt") != run.step:
-            run.checkpoint("ckpt_last.pt")  # after a stop request, and for --max_iters 0
+            run.checkpoint()  # after a stop request, and for --max_iters 0
     if stop.signal is not None:
         run.print(f"stopped by {stop.signal} after step {run.step}; saved {run.out_dir}/ckpt_last.pt. "
                   f"Resume with: {resume_command(argv)}")
@@ -462,7 +465,6 @@ def sft_report(run):
         idx = torch.tensor(prompts, device=run.device)
         with run.ctx:
             return run.raw_model.eval().generate(idx, n_new, temperature=0)[:, idx.size(1):].tolist()
-
     scores = exact_match_report(run.batches.examples.get("test", []), greedy, run.cfg.eval_exact_match, log=run.print)
     if scores and run.master:
         run.log({"step": run.step, "exact_match": scores})
@@ -474,21 +476,19 @@ def main(argv=None):
     config_name, cfg = parse_args(argv)
     run = Run(config_name, cfg)  # reads and checks everything; writes nothing
     try:
+        if cfg.init_from == "resume" and run.step >= cfg.max_iters:  # a finished run: write nothing, not even its log
+            return run.print(f"nothing to do: {run.out_dir} is at step {run.step} of --max_iters {cfg.max_iters}; raise it to train on")
         train(run, argv)
         if cfg.task == "sft":
             sft_report(run)
-    except FloatingPointError as e:
-        if run.master:
-            print(f"\nerror: {e}", file=sys.stderr)
-        raise SystemExit(1)
     finally:
         if run.log_file is not None:
             run.log_file.close()
         if run.ddp:
             dist.destroy_process_group()
     if run.master:
-        best = (f"best val loss {run.best_val:.4f} (ckpt_best.pt, step {run.saved['ckpt_best.pt']})"
-                if "ckpt_best.pt" in run.saved else "no evaluation after training started, so no ckpt_best.pt")
+        best = (f"best val loss {run.best_val:.4f} (ckpt_best.pt, " + (f"step {run.saved['ckpt_best.pt']})" if "ckpt_best.pt" in run.saved
+                else "before this resume)") if math.isfinite(run.best_val) else "no evaluation after training started, so no ckpt_best.pt")
         print(f"done: {run.step} steps; {best}; ckpt_last.pt at step {run.step}; in {run.out_dir}/")
     return run.best_val
 

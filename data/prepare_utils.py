@@ -140,4 +140,13 @@ class PretrainBatches:
         ix = torch.randint(len(data) - T - 1, (batch_size,), generator=generator).tolist()
         x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in ix])
         y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in ix])
-        return x.to(self.device), y.to(self.device), T
+        return to_device(x, self.device), to_device(y, self.device), T
+
+
+def to_device(batch, device):
+    """A CPU batch onto device. On CUDA from pinned (page-locked) memory with non_blocking: the copy
+    queues behind the work already queued and the CPU goes on at once, so train.py draws the next
+    batch while the GPU still runs this step. (From pageable memory the copy would make the CPU wait.)"""
+    if torch.device(device).type != "cuda":
+        return batch.to(device)
+    return batch.pin_memory().to(device, non_blocking=True)

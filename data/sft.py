@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from data.prepare_utils import to_device
 from orthros import IGNORE  # the target value the loss skips: the one definition is the model's
 
 
@@ -212,4 +213,4 @@ class SFTBatches:
         pool = self.examples[split]
         ix = torch.randint(len(pool), (batch_size,), generator=generator).tolist()
         x, y, t_out = collate([pool[i] for i in ix])
-        return x.to(self.device), y.to(self.device), t_out
+        return to_device(x, self.device), to_device(y, self.device), t_out

@@ -1,12 +1,14 @@
 """
 train.py under torchrun on CPU (gloo): DistributedDataParallel, and FSDP2 (--fsdp true), against
-one process on the same global batch.
+one process on the same global batch; for SFT, and for gradient accumulation, with responses of
+many lengths.
 
     python -m pytest -q tests/test_distributed.py
 """
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -63,20 +65,71 @@ def test_ddp_then_fsdp_resumed_give_one_process_losses_and_a_checkpoint_sample_r
     assert "loaded" in capsys.readouterr().out
 
 
-def test_one_process_dying_ends_the_whole_run_naming_it(tmp_path):
-    """When one of the processes dies (as under the OOM killer), the run ends at once, not in a hang,
-    and torchrun names the dead process as the root cause."""
+@pytest.fixture(scope="module")
+def sft(tmp_path_factory):
+    """An SFT dataset whose responses run from 1 to 40 characters, so that the halves of a batch (and its
+    micro-batches) hold different numbers of targets; and the losses of 4 steps on it in one process, batch 8."""
+    data, rng = tmp_path_factory.mktemp("sft_data"), random.Random(0)
+    for split, n in (("train", 64), ("val", 16)):
+        examples = [{"prompt": f"say {i}:", "response": "ab"[i % 2] * rng.randint(1, 40)} for i in range(n)]
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in examples))
+    args = ["--task", "sft", "--dataset", str(data), "--max_iters", "4", "--eval_interval", "4", "--eval_exact_match", "0"]
+    out = tmp_path_factory.mktemp("sft_one")
+    train.main([*COMMON, *args, "--batch_size", "8", "--out_dir", str(out)])
+    return args, losses(out)
+
+
+def test_sft_on_two_processes_gives_one_process_losses(tmp_path, sft):
+    """SFT's loss is the mean over the targets of the whole global batch, not a mean of each process's means: two
+    gloo processes with half of batch 8 each give the losses of one process, with responses of many lengths."""
+    args, one = sft
+    ddp = torchrun(tmp_path, *args)
+    assert ddp.returncode == 0, ddp.stderr
+    assert losses(tmp_path) == pytest.approx(one, abs=1e-5)
+
+
+def test_sft_with_gradient_accumulation_gives_one_big_batch_losses(tmp_path, sft):
+    """Two micro-steps of 4 give the losses of one batch of 8 (the loss is normalised by the targets of all the
+    micro-batches, not averaged over their means), with responses of many lengths."""
+    args, one = sft
+    train.main([*COMMON, *args, "--batch_size", "4", "--grad_accum", "2", "--out_dir", str(tmp_path)])
+    assert losses(tmp_path) == pytest.approx(one, abs=1e-5)
+
+
+def started(out_dir, log_interval, *args):
+    """A long torchrun run of 2 processes, once its output shows step 2 * log_interval: (torchrun's Popen, rank 1's pid)."""
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                             "train.py", *COMMON, "--batch_size", "4", "--fsdp", "true", "--max_iters", "100000",
-                             "--eval_interval", "100000", "--log_interval", "1", "--out_dir", str(tmp_path)],
+                             "train.py", *COMMON, "--batch_size", "4", *args, "--max_iters", "100000", "--eval_interval",
+                             "100000", "--log_interval", str(log_interval), "--out_dir", str(out_dir)],
                             cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:  # training has started on both processes
-        if line.startswith("step 2:"):
+        if line.startswith(f"step {2 * log_interval}:"):
             break
     rank1 = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
              if open(f"/proc/{pid}/stat").read().split()[3] == str(proc.pid)
              and b"\0RANK=1\0" in b"\0" + open(f"/proc/{pid}/environ", "rb").read()]
-    os.kill(rank1[0], signal.SIGKILL)
+    return proc, rank1[0]
+
+
+def test_a_stop_request_on_one_process_stops_both_at_the_next_read(tmp_path):
+    """A SIGTERM to one process (rank 1) stops both at the same step, the next read of the losses (every
+    log_interval steps, where the processes agree on it): rank 0 saves ckpt_last.pt there and names the request."""
+    proc, rank1 = started(tmp_path, 3)
+    os.kill(rank1, signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=120)   # a hang would end here, as a failure
+    finally:
+        proc.kill()
+    assert "stopped by a stop request on another rank" in out, out + err[-3000:]
+    step = load_checkpoint(tmp_path / "ckpt_last.pt")["step"]
+    assert step % 3 == 0 and f"after step {step}; saved" in out
+
+
+def test_one_process_dying_ends_the_whole_run_naming_it(tmp_path):
+    """When one of the processes dies (as under the OOM killer), the run ends at once, not in a hang,
+    and torchrun names the dead process as the root cause."""
+    proc, rank1 = started(tmp_path, 1, "--fsdp", "true")
+    os.kill(rank1, signal.SIGKILL)
     try:
         _, err = proc.communicate(timeout=120)   # a hang would end here, as a failure
     finally:

@@ -7,6 +7,8 @@ Tests for train.py and sample.py (and the checkpoints they write and read): CPU,
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,10 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import sample
 import train
-from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint, resume_command, save_checkpoint
 from data.sft import collate, encode_example
 from data.tokenizer import get_tokenizer
 from orthros import Orthros, OrthrosConfig
@@ -46,6 +49,11 @@ def read_log(out_dir):
 def snapshot(folder):
     """{file name: bytes} of a folder: to show that a refused run changed nothing in it."""
     return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir())}
+
+
+def untouched(folder):
+    """{file name: (inode, mtime)} of a folder: a file rewritten with the same bytes still shows."""
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in sorted(Path(folder).iterdir())}
 
 
 def at_step(monkeypatch, step, action):
@@ -141,9 +149,10 @@ def test_killed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monkeyp
     assert ckpt["step"] == 1 and torch.equal(ckpt["weights"], torch.arange(10))
 
 
-def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
-    """A non-finite loss stops training with a clear message; the last checkpoint stays good, and the
-    message names it, or says that none was written yet."""
+def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    """A non-finite loss stops training with a clear message at the next read of the losses (every log_interval
+    steps, and before each evaluation): it names the step, and the last checkpoint, which stays good, or says
+    that none was written yet."""
     real_forward = Orthros.forward
     calls = {"n": 0, "from": 7}
     def forward_that_breaks(self, idx, targets=None, t_out=None):
@@ -154,17 +163,18 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, mon
                 loss = loss * float("nan")
         return logits, loss
     monkeypatch.setattr(Orthros, "forward", forward_that_breaks)
-    with pytest.raises(SystemExit):
-        run_train(tmp_path / "late", "--max_iters", "12", "--eval_interval", "5")
+    with pytest.raises(SystemExit) as stopped:
+        run_train(tmp_path / "late", "--max_iters", "12", "--eval_interval", "5")   # nan from step 8; read at step 10
     ckpt = load_checkpoint(tmp_path / "late" / "ckpt_last.pt")
     assert ckpt["step"] == 5
     assert all(torch.isfinite(w).all() for w in ckpt["model"].values())
-    assert "ckpt_last.pt, step 5) is untouched" in capsys.readouterr().err
+    message = str(stopped.value)
+    assert "loss is nan at step 8 (read at step 10" in message and "ckpt_last.pt, step 5) is untouched" in message
     calls.update(n=0, **{"from": 2})
-    with pytest.raises(SystemExit):
-        run_train(tmp_path / "early", "--max_iters", "12", "--eval_interval", "5")
-    err = capsys.readouterr().err
-    assert "no checkpoint had been written yet" in err and "untouched" not in err
+    with pytest.raises(SystemExit) as stopped:
+        run_train(tmp_path / "early", "--max_iters", "12", "--eval_interval", "5")   # nan from step 3; read before the eval
+    message = str(stopped.value)
+    assert "at step 3 (read at step 5" in message and "no checkpoint had been written yet" in message
     assert not (tmp_path / "early" / "ckpt_last.pt").exists()
 
 
@@ -215,13 +225,88 @@ def test_shape_options_ignored_by_a_checkpoint_are_reported(pretrained, tmp_path
     assert load_checkpoint(tmp_path / "ckpt_last.pt")["model_config"]["n_embd"] == 64
 
 
+def test_a_run_from_a_checkpoint_prints_and_saves_the_models_real_shape(pretrained, tmp_path, capsys):
+    """Started from a checkpoint under a preset of another shape (small: 6 layers of width 384), the config line and
+    the saved train_config show the checkpoint's shape (2 layers of width 64), not the preset's."""
+    train.main(["--config", "small", "--device", "cpu", "--init_from", str(pretrained / "ckpt_last.pt"), "--seq_len", "64",
+                "--batch_size", "2", "--max_iters", "0", "--eval_iters", "1", "--out_dir", str(tmp_path)])
+    config_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("config small"))
+    assert "n_layer=2, n_head=2, n_embd=64" in config_line and "n_layer=6" not in config_line
+    assert load_checkpoint(tmp_path / "ckpt_last.pt")["train_config"]["n_layer"] == 2
+
+
+def test_a_run_from_a_checkpoint_counts_its_start_as_a_best(pretrained, tmp_path):
+    """A run initialised from a checkpoint's weights saves its step-0 model as ckpt_best.pt, so ckpt_best.pt is never
+    worse than the start: at lr 0, where no later evaluation is better, it stays the step-0 model."""
+    run_train(tmp_path, "--init_from", str(pretrained / "ckpt_last.pt"), "--lr", "0", "--max_iters", "2", "--eval_interval", "1")
+    _, evals = read_log(tmp_path)
+    best = load_checkpoint(tmp_path / "ckpt_best.pt")
+    assert best["step"] == 0 and best["best_val_loss"] == evals[0] == evals[2]
+
+
+def test_an_improvement_writes_one_checkpoint_file_not_two(tmp_path):
+    """When val improves, ckpt_best.pt is made the same file as ckpt_last.pt (a hard link), not written again; a later
+    ckpt_last.pt is a new file, and ckpt_best.pt keeps its step."""
+    run_train(tmp_path, "--max_iters", "2", "--eval_interval", "2")
+    assert os.path.samefile(tmp_path / "ckpt_best.pt", tmp_path / "ckpt_last.pt")
+    run_train(tmp_path, "--init_from", "resume", "--lr", "0", "--max_iters", "4", "--eval_interval", "2")  # no improvement
+    assert not os.path.samefile(tmp_path / "ckpt_best.pt", tmp_path / "ckpt_last.pt")
+    assert load_checkpoint(tmp_path / "ckpt_best.pt")["step"] == 2 and load_checkpoint(tmp_path / "ckpt_last.pt")["step"] == 4
+
+
+def test_resuming_a_finished_run_says_there_is_nothing_to_do_and_writes_nothing(pretrained, tmp_path, capsys):
+    """--init_from resume of a run already at --max_iters prints one line, that there is nothing to do, and touches no
+    file of the run (not even rewriting ckpt_last.pt with the same bytes)."""
+    folder = tmp_path / "run"
+    shutil.copytree(pretrained, folder)
+    before = untouched(folder)
+    capsys.readouterr()
+    run_train(folder, "--init_from", "resume", "--max_iters", "10")
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nothing to do") and "ckpt_best" not in lines[0], lines
+    assert untouched(folder) == before
+
+
+def test_a_resumed_run_that_does_not_improve_names_its_earlier_best(pretrained, tmp_path, capsys):
+    """A resumed run whose evaluations do not beat the best before it ends by naming that ckpt_best.pt (still there),
+    not by saying there is none."""
+    folder = tmp_path / "run"
+    shutil.copytree(pretrained, folder)
+    run_train(folder, "--init_from", "resume", "--lr", "0", "--max_iters", "11", "--eval_interval", "11")
+    done = capsys.readouterr().out.splitlines()[-1]
+    assert "(ckpt_best.pt, before this resume)" in done and "no ckpt_best.pt" not in done, done
+    assert load_checkpoint(folder / "ckpt_best.pt")["step"] == 10
+
+
+def test_the_printed_resume_command_gives_back_the_same_options():
+    """The resume command is quoted for the shell: an empty value and one with a space read back as the same
+    options, with --init_from resume instead of the run's --init_from and --overwrite."""
+    argv = ["--config", "tiny", "--curriculum", "", "--dataset", "my data", "--init_from", "old run/ckpt.pt", "--overwrite=true"]
+    words = shlex.split(resume_command(argv))
+    assert words == ["python", "train.py", "--config", "tiny", "--curriculum", "", "--dataset", "my data", "--init_from", "resume"]
+    _, cfg = train.parse_args(words[2:])
+    assert (cfg.curriculum, cfg.dataset, cfg.init_from) == ("", "my data", "resume")
+
+
+def test_a_pretrained_model_starts_at_a_lower_lr_unless_one_is_given(capsys):
+    """--init_from hf:DIR without --lr trains at train.PRETRAINED_LR (1e-4), not the preset's lr (tuned for training from
+    scratch), and says so in a note; a given --lr wins, and this repo's checkpoints keep their preset's lr."""
+    _, cfg = train.parse_args(["--config", "small", "--init_from", "hf:models/SmolLM2-135M"])
+    assert cfg.lr == train.PRETRAINED_LR == 1e-4 and "note: lr 0.0001" in capsys.readouterr().out
+    _, cfg = train.parse_args(["--config", "small", "--init_from", "hf:models/SmolLM2-135M", "--lr", "3e-4"])
+    assert cfg.lr == 3e-4 and "note: lr" not in capsys.readouterr().out
+    _, cfg = train.parse_args(["--config", "tiny", "--init_from", "out/tiny-orthros/ckpt_best.pt"])
+    assert cfg.lr == 3e-3
+
+
 # -----------------------------------------------------------------------------
 # What a run prints and logs
 
 def test_an_eval_is_not_counted_in_the_next_steps_speed(tmp_path, monkeypatch):
-    """ms/step, tokens/s and MFU time each step alone: on a clock that gives every step 1 s and every
-    evaluation 100 s, every step logs 1000 ms, its tokens per second, and (on a device whose peak is
-    known: here 1 TFLOP/s, as if a GPU) perf/flops.py's count of its FLOPs per second over that peak."""
+    """ms/step, tokens/s and MFU are measured over the steps between two reads of the device, an evaluation
+    excluded: on a clock that gives every step 1 s and every evaluation 100 s, the last step before each read
+    logs 1000 ms, its tokens per second, and (on a device whose peak is known: here 1 TFLOP/s, as if a GPU)
+    perf/flops.py's count of its FLOPs per second over that peak."""
     clock = {"now": 0.0}
     monkeypatch.setattr(train, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
     monkeypatch.setattr(train, "peak_flops", lambda device: 1e12)
@@ -234,20 +319,88 @@ def test_an_eval_is_not_counted_in_the_next_steps_speed(tmp_path, monkeypatch):
         return real_evaluate(self)
     monkeypatch.setattr(train.Run, "train_step", train_step)
     monkeypatch.setattr(train.Run, "evaluate", evaluate)
-    run_train(tmp_path, "--max_iters", "6", "--eval_interval", "2")
-    steps = [r for r in map(json.loads, open(tmp_path / "log.jsonl")) if "loss" in r]
+    run_train(tmp_path, "--max_iters", "9", "--eval_interval", "3", "--log_interval", "2")   # reads at 2, 3, 4, 6, 8, 9
+    steps = [r for r in map(json.loads, open(tmp_path / "log.jsonl")) if "ms_per_step" in r]
+    assert [r["step"] for r in steps] == [2, 3, 4, 6, 8, 9]
     assert [r["ms_per_step"] for r in steps] == [1000.0] * 6
     assert [r["tok_per_s"] for r in steps] == [16 * 128] * 6   # batch 16 x seq_len 128 tokens in 1 s
     config = OrthrosConfig(**load_checkpoint(tmp_path / "ckpt_last.pt")["model_config"])
-    assert [r["mfu"] for r in steps] == [3 * 16 * forward_flops(config, 128, 128) / 1e12] * 6   # forward + backward
+    assert [r["mfu"] for r in steps] == pytest.approx([3 * 16 * forward_flops(config, 128, 128) / 1e12] * 6)   # forward + backward
+
+
+HOST_READS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "__format__", "numpy"}
+TENSOR_METHODS = {str(Path(torch.__file__).parent / name) for name in ("overrides.py", "_tensor.py")}  # e.g. __format__
+
+
+def test_train_py_reads_the_device_only_every_log_interval(tmp_path, monkeypatch):
+    """train.py's own lines take a tensor's value into Python (.item(), .tolist(), float(), bool(), ...: on a GPU each
+    makes the CPU wait for the device) only at the reads, every log_interval steps and before each evaluation: the
+    steps in between queue their work without waiting. Every step's loss is still logged."""
+    under_way, reads = {"step": 0}, set()
+    real_lr_at = train.lr_at
+    def lr_at(step, cfg):  # called as each step starts
+        under_way["step"] = step + 1
+        return real_lr_at(step, cfg)
+    monkeypatch.setattr(train, "lr_at", lr_at)
+
+    class HostReads(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") in HOST_READS:
+                caller = sys._getframe(1)
+                while caller.f_code.co_filename in TENSOR_METHODS:
+                    caller = caller.f_back
+                if Path(caller.f_code.co_filename) == Path(train.__file__) and caller.f_code.co_name != "evaluate":
+                    reads.add(under_way["step"])
+            return func(*args, **(kwargs or {}))
+
+    with HostReads():
+        run_train(tmp_path, "--max_iters", "12", "--log_interval", "5", "--eval_interval", "8")
+    assert reads == {5, 8, 10, 12}
+    losses, _ = read_log(tmp_path)
+    assert sorted(losses) == list(range(1, 13))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("task", ["pretrain", "sft"])
+def test_cuda_steps_between_reads_never_wait_for_the_gpu(tmp_path, monkeypatch, task):
+    """On a GPU no step makes the CPU wait: with torch's sync debug mode raising at any synchronizing call (an .item(),
+    a copy from pageable memory, ...) everywhere but in the reads, the evaluations and the checkpoints, from the first
+    read on, 12 steps with a read every 4 run to the end: 8 steps checked. SFT runs with a window longer than every
+    example, so that no FlexAttention kernel is compiled for a new length after the first read."""
+    state = {"armed": False, "checked": 0}
+    def may_wait(function, arms=False):
+        def wrapped(*args, **kwargs):
+            torch.cuda.set_sync_debug_mode("default")
+            try:
+                return function(*args, **kwargs)
+            finally:
+                state["armed"] |= arms  # the first interval warms up: compiles, allocations, cuBLAS
+                torch.cuda.set_sync_debug_mode("error" if state["armed"] else "default")
+        return wrapped
+    real_step = train.Run.train_step
+    def train_step(self, model):
+        state["checked"] += torch.cuda.get_sync_debug_mode() == 2
+        return real_step(self, model)
+    monkeypatch.setattr(train.Run, "train_step", train_step)
+    monkeypatch.setattr(train.Run, "read", may_wait(train.Run.read, arms=True))
+    for name in ("evaluate", "checkpoint"):
+        monkeypatch.setattr(train.Run, name, may_wait(getattr(train.Run, name)))
+    monkeypatch.setattr(train, "sft_report", may_wait(train.sft_report))
+    data = ["--task", "sft", "--dataset", str(REPO / "data" / "sft_example"), "--window", "128"] if task == "sft" else []
+    try:
+        run_train(tmp_path, "--device", "cuda", *data, "--max_iters", "12", "--log_interval", "4", "--eval_interval", "12")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert state["checked"] == 8
+    assert sorted(read_log(tmp_path)[0]) == list(range(1, 13))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_steps_log_their_mfu_and_memory(tmp_path):
-    """On a GPU that perf/flops.py knows, every step's record holds its MFU (a fraction in (0, 1)) and the peak memory."""
-    run_train(tmp_path, "--device", "cuda", "--max_iters", "5", "--eval_interval", "5")
-    steps = [r for r in map(json.loads, open(tmp_path / "log.jsonl")) if "loss" in r]
-    assert all(0 < r["mfu"] < 1 and r["max_memory_gb"] > 0 for r in steps), steps
+    """On a GPU that perf/flops.py knows, the record of each read holds the MFU (a fraction in (0, 1)) and the peak memory."""
+    run_train(tmp_path, "--device", "cuda", "--max_iters", "6", "--eval_interval", "6", "--log_interval", "2")
+    steps = [r for r in map(json.loads, open(tmp_path / "log.jsonl")) if "ms_per_step" in r]
+    assert len(steps) == 3 and all(0 < r["mfu"] < 1 and r["max_memory_gb"] > 0 for r in steps), steps
 
 
 def test_a_run_into_a_file_logs_one_line_per_interval(tmp_path):
