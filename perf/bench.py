@@ -229,15 +229,13 @@ def bench_prefill(args, device, results, save):
 class PromptCache:
     """A decoder for model.generate_tokens whose prefill() hands out a prompt's cache made once
     (prompt_cache) instead of running the model: every decoder of a round starts from the same
-    cache, and the decode loop is still the model's own, as in sample.py.
-    decoder: None (model.decode, the naive KV cache) or a FastDecoder, which load()s a copy."""
+    cache, and the decode loop is still the model's own, as in sample.py. (A FastDecoder takes
+    the prompt's cache itself: generate_tokens(..., prompt=(logits, cache)) load()s a copy.)"""
 
-    def __init__(self, model, logits, cache, decoder=None):
-        self.model, self.logits, self.cache, self.decoder = model, logits, cache, decoder
+    def __init__(self, model, logits, cache):
+        self.model, self.logits, self.cache = model, logits, cache
 
     def prefill(self, idx):
-        if self.decoder is not None:
-            return self.logits, self.decoder.load(self.cache)   # copied into the static cache
         # The naive cache appends by concatenation (new tensors): a new KVCache over the same
         # tensors leaves the shared one as it was.
         copy = KVCache(self.model, self.cache.batch_size)
@@ -247,7 +245,7 @@ class PromptCache:
         return self.logits, copy
 
     def decode(self, next_idx, state):
-        return (self.decoder or self.model).decode(next_idx, state)
+        return self.model.decode(next_idx, state)
 
 
 def prompt_cache(args, model, ctx, B, device):
@@ -277,21 +275,22 @@ def unique_graphs():
 def decode_run(args, model, variant, prompt, B, device):
     """Time args.decode_steps greedy decode steps (after args.warmup untimed ones, which include
     the fast decoder's graph capture and any compilation) after the prompt's cache, through the
-    model's own decode loop, model.generate_tokens, with the variant's decoder. The fast decoder:
-    FastDecoder(model, B, max_len=the longest --decode_ctx + new tokens, compile=..., kernel_options=...)."""
+    decode loop of sample.py: model.generate_tokens (naive), or FastDecoder(model, B, max_len=the
+    longest --decode_ctx + new tokens, compile=..., kernel_options=...).generate_tokens (fast)."""
     logits, cache = prompt
     ctx, n_steps = cache.length, args.warmup + args.decode_steps
-    fast = None
-    if variant.decoder == "fast":
-        fast = FastDecoder(model, B, max_len=max(args.decode_ctx) + n_steps, compile=variant.compiled,
-                           kernel_options=args.kernel_options)
-    decoder = PromptCache(model, logits, cache, fast)
     idx = torch.zeros(1, 1, dtype=torch.long, device=device).expand(B, ctx)  # the prompt's shape: prefill() ignores it
     graphs = unique_graphs()
     with torch.inference_mode():
         t_first = time.perf_counter()
+        if variant.decoder == "fast":
+            fast = FastDecoder(model, B, max_len=max(args.decode_ctx) + n_steps, compile=variant.compiled,
+                               kernel_options=args.kernel_options)
+            tokens = fast.generate_tokens(idx, n_steps + 1, temperature=0, prompt=(logits, cache))
+        else:
+            tokens = model.generate_tokens(idx, n_steps + 1, temperature=0, decoder=PromptCache(model, logits, cache))
         # generate_tokens yields its first token after prefill, then one after each decode step
-        for step, _ in enumerate(model.generate_tokens(idx, n_steps + 1, temperature=0, decoder=decoder)):
+        for step, _ in enumerate(tokens):
             if step == 0 and device.type == "cuda":  # the peak of the decode phase: cache + one step
                 torch.cuda.reset_peak_memory_stats(device)
             if step == args.warmup:

@@ -9,12 +9,15 @@ step copies it) and runs a few hundred small kernels per token from Python. Fast
     key: eq. 5) read each key once (the baselines: one row). The mask is orthros.in_window; the
     table of key blocks comes from pos: a step reads only the blocks up to the new token (SWA:
     those of its window);
-  - projects q, k and v with one matmul (W_Q, W_K, W_V stacked; not with the convolution); with
-    compile=True the dense parts around the attention (norms, RoPE, MLP) are compiled too.
+  - projects q, k and v with one matmul (W_Q, W_K, W_V stacked; not with the convolution);
+  - with compile=True, compiles the whole step as one graph: the embedding, every layer with its
+    FlexAttention call, the head, and the choice of the next token (sample()), which it feeds
+    back as the next step's input: generating a token is one graph replay, with no sync.
 
-    decoder = FastDecoder(model, batch_size=B, max_len=T + max_new_tokens)   # compile=True: faster
-    logits, cache = decoder.prefill(idx)              # then decoder.decode(next_idx, cache), as the model's
-    model.generate_tokens(idx, max_new_tokens, decoder=decoder)   # the model's decode loop
+    decoder = FastDecoder(model, batch_size=B, max_len=T + max_new_tokens, compile=True)
+    decoder.warm_up(temperature=0)                    # optional: compile and capture now, not at first use
+    for token in decoder.generate_tokens(idx, max_new_tokens, temperature=0): ...   # as model.generate_tokens
+    logits, cache = decoder.prefill(idx)              # or step by step: decoder.decode(next_idx, cache)
 """
 
 import torch
@@ -107,6 +110,22 @@ def stacked_weights(attn):
     return w_qkv, b_qkv, stack("alpha", "alpha_out"), stack("beta", "beta_out")
 
 
+def sample(logits, temperature, top_k):
+    """orthros.sample_next's choice, on the GPU without a sync, so that it fits in the step's graph:
+    the argmax at temperature 0; else a draw from softmax(logits / temperature) (the top_k
+    likeliest, if given) by the exponential race: with E_i ~ Exp(1) independent, argmax_i p_i / E_i
+    is token i with probability p_i. logits (B, 1, vocab) -> (B, 1)."""
+    logits = logits[:, -1].float()
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, -float("inf"))
+    probs = F.softmax(logits, dim=-1)
+    return (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1, keepdim=True)
+
+
 class StaticKVCache:
     """The fast decoder's cache of B sequences, in rows = max_len rounded up to whole blocks: per
     layer l, k[l], v[l] (B, H_kv, rows, D), keys after RoPE and values, and conv[l] (B, K-1, C) or
@@ -120,14 +139,15 @@ class StaticKVCache:
 
 
 class FastDecoder:
-    """prefill/decode like the model's own, over a StaticKVCache, each step one CUDA graph replay.
+    """prefill/decode/generate_tokens like the model's own, over a StaticKVCache, a step one CUDA graph replay.
 
     model: an Orthros (any attn) in eval mode, on its device, in float32, float16 or bfloat16.
     batch_size, max_len: the cache's size (max_len <= model.config.max_seq_len; default: that).
-    compile: True (or torch.compile options, e.g. {"backend": ...}) compiles the dense parts too, one
-    graph each for all layers and steps. cuda_graphs: default on CUDA. kernel_options: FlexAttention's,
-    over the decoder's own on CUDA. NOTE: W_Q, W_K, W_V and the scale-offsets are copied (stacked) at
-    each prefill(), the other weights read where they are: change weights only between generations."""
+    compile: True (or torch.compile options, e.g. {"backend": ...}) compiles the step, the choice of
+    the next token included, as one graph (per sampling rule); False: eager but for FlexAttention.
+    cuda_graphs: default on CUDA. kernel_options: FlexAttention's, over the decoder's own on CUDA.
+    NOTE: W_Q, W_K, W_V and the scale-offsets are copied (stacked) at each prefill(), the other
+    weights read where they are: change weights only between generations."""
 
     def __init__(self, model, batch_size, max_len=None, compile=False, cuda_graphs=None, kernel_options=None):
         cfg = model.config
@@ -147,7 +167,7 @@ class FastDecoder:
         windows = (model.blocks[0].attn.window,) + ((None,) if self.orthros else ())   # per query row (None: all keys)
         with torch.inference_mode(False):  # normal tensors: writable in and out of inference mode
             self.cache = StaticKVCache(model, batch_size, max_len, lambda *s: torch.zeros(*s, device=device, dtype=dtype))
-            self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # the step's input
+            self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # the step's input, then its output
             self.pos = torch.zeros(1, dtype=torch.long, device=device)                # ... and its position
             self.block_mask, self.refresh_block_mask = decode_block_mask(self.pos, windows, self.cache.rows)
             with torch.no_grad():
@@ -156,11 +176,10 @@ class FastDecoder:
         # at three batch sizes, would make it run the function eagerly without a word.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         options = compile if isinstance(compile, dict) else {}
-        dense = (lambda f: torch.compile(f, fullgraph=True, dynamic=False, **options)) if compile else (lambda f: f)
-        self.layer_in, self.layer_out = dense(layer_in), dense(layer_out)
-        self.attention = dense(lambda *a, **k: flex_attention(*a, **k)) if compile else compiled_flex_attention
+        self.attention = flex_attention if compile else compiled_flex_attention   # inside the graph, or its own
+        self.step = torch.compile(self._step, fullgraph=True, dynamic=False, **options) if compile else self._step
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
-        self.graph = self.graph_logits = None  # the CUDA graph and its output, captured at the first decode
+        self.graphs = {}  # per sampling rule (temperature, top_k): the CUDA graph and its logits
 
     @torch.no_grad()
     def prefill(self, idx):
@@ -197,54 +216,87 @@ class FastDecoder:
     def decode(self, next_idx, cache):
         """Append one token per sequence, next_idx: (B,) or (B, 1), at position cache.length.
         Returns the logits (B, 1, vocab) for the following token, and the cache."""
-        self._check(next_idx, cache)
+        self._check(cache, next_idx)
         self.token.copy_(next_idx.reshape(-1, 1))
         self.pos.fill_(cache.length)
-        if self.cuda_graphs:
-            self._graph().replay()
-            logits = self.graph_logits.clone()  # the graph overwrites its output at the next replay
-        else:
-            logits = self._step()
         cache.length += 1
-        return logits, cache
+        return self._run(0, None).clone(), cache   # a copy: the graph overwrites its output at the next replay
 
-    def _check(self, next_idx, cache):
+    @torch.no_grad()
+    def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, prompt=None):
+        """model.generate_tokens's loop (the same tokens at temperature 0), each step after the
+        first one replay of the step's graph, which draws the next token itself. prompt: idx's
+        (logits, KVCache) if the model has prefilled it already, else None (prefill here)."""
+        orthros._check_generation(self.model.config, idx, max_new_tokens, temperature, top_k)
+        logits, cache = self.prefill(idx) if prompt is None else (prompt[0], self.load(prompt[1]))
+        self.token.copy_(orthros.sample_next(logits, temperature, top_k))   # the first token: after the prefill
+        self.pos.fill_(cache.length)
+        for step in range(max_new_tokens):
+            yield self.token.clone()
+            if step < max_new_tokens - 1:
+                self._check(cache)
+                cache.length += 1
+                self._run(temperature, top_k)   # writes the next token into self.token, advances self.pos
+
+    def warm_up(self, temperature=1.0, top_k=None):
+        """Compile the step for this sampling rule and capture its CUDA graph now, not at the first
+        token (sample.py times this apart). The cache and the random generator are left as they were."""
+        with torch.no_grad(), torch.random.fork_rng([self.pos.device] if self.pos.is_cuda else []):
+            saved = [(t, t.clone()) for t in (self.token, self.pos, *filter(None, self.cache.conv))]
+            self._run(temperature, top_k)
+            for t, s in saved:
+                t.copy_(s)
+
+    def _check(self, cache, next_idx=None):
         if cache is not self.cache:
             raise ValueError("this cache was not made by this decoder's prefill(); call decoder.prefill(prompt) first")
         if cache.length == 0:
             raise ValueError("the cache is empty: call decoder.prefill(prompt) before decode()")
-        if next_idx.numel() != cache.batch_size:
+        if next_idx is not None and next_idx.numel() != cache.batch_size:
             raise ValueError(f"decode got {next_idx.numel()} tokens for batch size {cache.batch_size}: pass one per sequence")
         if cache.length >= cache.max_len:
             raise ValueError(f"cannot decode past max_len={cache.max_len}: build the FastDecoder with a larger max_len")
 
-    def _step(self):
-        """One step for self.token at self.pos: tensor operations on fixed shapes, one CUDA graph for every step."""
+    def _run(self, temperature, top_k):
+        """One step (a replay of its CUDA graph, captured at the rule's first use): its logits."""
+        if not self.cuda_graphs:
+            return self.step(temperature, top_k)
+        if (temperature, top_k) not in self.graphs:
+            self.graphs[temperature, top_k] = self._capture(temperature, top_k)
+        graph, logits = self.graphs[temperature, top_k]
+        graph.replay()
+        return logits
+
+    def _step(self, temperature, top_k):
+        """One step for self.token at self.pos, tensor operations on fixed shapes: the logits (B, 1,
+        vocab); the next token, drawn by sample(), replaces self.token and self.pos moves on."""
         model, cfg, c = self.model, self.model.config, self.cache
         x = model.wte(self.token)                                       # (B, 1, C)
         z = torch.cat([x, x], dim=1) if self.orthros else x             # Alg. 2, line 2: the two twins
         rope = rope_cos_sin(self.pos, model.blocks[0].attn.head_dim, cfg.rope_base, x.dtype, cfg.rope_scaling)
         self.refresh_block_mask()                                       # the key blocks up to pos
         for l, block in enumerate(model.blocks):                        # Alg. 2, lines 3-7
-            q = self.layer_in(block, z, c.k[l], c.v[l], c.conv[l], self.pos, rope, self.weights[l])
+            q = layer_in(block, z, c.k[l], c.v[l], c.conv[l], self.pos, rope, self.weights[l])
             y = self.attention(q, c.k[l], c.v[l], block_mask=self.block_mask, kernel_options=self.kernel_options,
                                enable_gqa=q.size(1) != c.k[l].size(1))   # Alg. 1, lines 8-9: (B, H, L, D)
-            z = self.layer_out(block, z, y)
-        return model.lm_head(model.ln_f(z[:, -1:]))                     # Alg. 2, lines 9-10
+            z = layer_out(block, z, y)
+        logits = model.lm_head(model.ln_f(z[:, -1:]))                   # Alg. 2, lines 9-10
+        self.token.copy_(sample(logits, temperature, top_k))
+        self.pos.add_(1)
+        return logits
 
-    def _graph(self):
-        """The CUDA graph of _step(), captured at first use."""
-        if self.graph is None:
-            saved = [(c, c.clone()) for c in self.cache.conv if c is not None]
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # warm-up outside the graph: compilation, cuBLAS set-up
-                for _ in range(2):
-                    self._step()
-                    for c, s in saved:   # NOTE: a step shifts the conv state: undo it (the replay rewrites K, V)
-                        c.copy_(s)
-            torch.cuda.current_stream().wait_stream(stream)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.graph_logits = self._step()
-        return self.graph
+    def _capture(self, temperature, top_k):
+        """The CUDA graph of _step() for this rule, and its output, after two steps to warm up."""
+        saved = [(t, t.clone()) for t in (self.token, self.pos, *filter(None, self.cache.conv))]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up outside the graph: compilation, cuBLAS set-up
+            for _ in range(2):
+                self.step(temperature, top_k)
+                for t, s in saved:   # NOTE: a step moves the token, position and conv state on: undo it
+                    t.copy_(s)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = self.step(temperature, top_k)
+        return graph, logits

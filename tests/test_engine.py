@@ -102,6 +102,55 @@ def test_a_long_generation_compiles_once(runs, case):
     assert compiled[0] == 1 if case == "orthros" else compiled[0] == 0 if case == "orthros+conv" else compiled[0] >= 1
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_generate_tokens_gives_the_models_greedy_tokens(runs, case):
+    """FastDecoder.generate_tokens, the step choosing the next token itself: model.generate_tokens's
+    greedy tokens, over a prompt that stays inside the window and one that crosses it and a block."""
+    fast = runs["decoders"][case]
+    gen = torch.Generator().manual_seed(4)
+    for T, steps in ((5, 20), (130, 30)):
+        idx = torch.randint(0, VOCAB, (BATCH, T), generator=gen)
+        mine = torch.cat(list(fast.generate_tokens(idx, steps, temperature=0)), 1)
+        assert torch.equal(mine, torch.cat(list(fast.model.generate_tokens(idx, steps, temperature=0)), 1))
+
+
+def test_compiled_step_is_one_graph_from_token_to_token():
+    """compile=True: the whole step is one graph, traced once per sampling rule: the embedding, every
+    layer with its FlexAttention call, the head and the choice of the next token (argmax, or the
+    exponential race after top-k); it decodes the naive tokens, and nothing is traced after warm_up."""
+    graphs = []
+    model = make_model("orthros", n_layer=3)
+    fast = FastDecoder(model, BATCH, MAX_LEN, compile={"backend": lambda gm, _: graphs.append(gm) or gm.forward})
+    fast.warm_up(temperature=0)
+    fast.warm_up(temperature=0.7, top_k=5)
+    assert len(graphs) == 2
+    for gm, sampler in zip(graphs, ({"argmax"}, {"topk", "exponential", "argmax"})):
+        ops = [str(node.target) for node in gm.graph.nodes if node.op in ("call_function", "call_method")]
+        assert sum("embedding" in op for op in ops) == 1 and sum("flex_attention" in op for op in ops) == 3
+        assert all(any(name in op for op in ops) for name in sampler), ops
+    idx = torch.randint(0, VOCAB, (BATCH, 20), generator=torch.Generator().manual_seed(5))
+    assert torch.equal(torch.cat(list(fast.generate_tokens(idx, 12, temperature=0)), 1),
+                       torch.cat(list(model.generate_tokens(idx, 12, temperature=0)), 1))
+    list(fast.generate_tokens(idx, 12, temperature=0.7, top_k=5))
+    assert len(graphs) == 2
+
+
+@pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.5, None), (1.0, 3)])
+def test_sample_draws_from_the_softmax_of_the_top_k(temperature, top_k):
+    """engine.sample, the decoder's choice of the next token without a sync: over 40,000 draws from one
+    row of logits, each token's frequency is its probability under softmax(logits / temperature),
+    renormalised over the top k (4 standard deviations); tokens outside the top k never come."""
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 1.5])
+    torch.manual_seed(0)
+    draws = engine.sample(logits.expand(40000, 1, -1), temperature, top_k)
+    p = torch.softmax(logits / temperature, dim=-1)
+    if top_k is not None:
+        p = torch.where(p >= p.topk(top_k).values[-1], p, 0.0)
+        p = p / p.sum()
+    freq = torch.bincount(draws.flatten(), minlength=len(logits)) / len(draws)
+    assert draws.shape == (40000, 1) and torch.all((freq - p).abs() <= 4 * (p * (1 - p) / 40000).sqrt() + 1e-9)
+
+
 @pytest.mark.parametrize("window", [None, 1, 8, 128, 200])
 def test_block_table_lists_exactly_the_blocks_in_the_window(window):
     """For every position of 5 blocks, block_table lists, in order, exactly the blocks that hold

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import types
 from dataclasses import fields
 from pathlib import Path
@@ -618,14 +619,22 @@ def test_sample_seeds_its_sampling(pretrained, capsys):
     assert texts[0] == texts[1] != texts[2] and texts[0].startswith("def main():")
 
 
-def test_sample_decodes_with_the_naive_cache_unless_asked(pretrained, capsys):
-    """sample.py runs orthros.py's decoder by default (no tip on CPU); --decoder fast gives the same greedy text."""
+def test_sample_decodes_with_the_naive_cache_unless_asked(pretrained, capsys, monkeypatch):
+    """sample.py runs orthros.py's decoder by default (no tip on CPU); --decoder fast gives the same greedy
+    text, says on CPU that it is built for GPUs, and prints its one-time cost on a line of its own, outside
+    the time to first token (here a warm-up made 2 s longer)."""
+    from perf.engine import FastDecoder
+    warm_up = FastDecoder.warm_up
+    monkeypatch.setattr(FastDecoder, "warm_up", lambda *a: (time.sleep(2), warm_up(*a)))
     args = ("--ckpt", str(pretrained / "ckpt_last.pt"), "--prompt", "def main():", "--temperature", "0",
             "--max_new_tokens", "40", "--no_stop", "--json")
     naive_out, naive = run_sample(capsys, *args)
     fast_out, fast = run_sample(capsys, *args, "--decoder", "fast")
     assert "naive decoder)" in naive_out and "fast decoder)" in fast_out and "tip:" not in naive_out
     assert naive["samples"] == fast["samples"] and naive["new_tokens"] == 40
+    assert naive["compile_s"] is None and "compiling" not in naive_out and "note: --decoder fast is built for CUDA" in fast_out
+    line = next(line for line in fast_out.splitlines() if line.startswith("compiling the fast decoder: "))
+    assert line.endswith(" s (once per process)") and fast["compile_s"] >= 2 > fast["ttft_ms"] / 1000
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
