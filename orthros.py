@@ -338,15 +338,17 @@ class Orthros(nn.Module):
 
 def sample_next(logits, temperature=1.0, top_k=None):
     """The next token (B, 1) from logits (B, T, vocab) at the last position: greedy argmax at
-    temperature 0, else sampled from softmax(logits / temperature), optionally from the top k."""
+    temperature 0, else a draw from p = softmax(logits / temperature), optionally of the top k, by the
+    exponential race (with E_i ~ Exp(1) independent, argmax_i p_i / E_i is i with probability p_i):
+    no sync with the GPU, so that the fast decoder (perf/engine.py) draws inside its compiled step."""
     logits = logits[:, -1, :].float()
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits / temperature
     if top_k is not None:
-        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-        logits[logits < v[:, [-1]]] = -float("inf")
-    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, -float("inf"))
+    return (F.softmax(logits, dim=-1) / torch.empty_like(logits).exponential_()).argmax(dim=-1, keepdim=True)
 
 
 def cross_entropy(logits, targets):

@@ -16,6 +16,7 @@ Run: python -m pytest -q tests/test_engine.py
 import pytest
 import torch
 
+import orthros
 import test_orthros
 from orthros import ATTN_TYPES, OrthrosConfig, in_window
 from perf import engine
@@ -137,12 +138,12 @@ def test_compiled_step_is_one_graph_from_token_to_token():
 
 @pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.5, None), (1.0, 3)])
 def test_sample_draws_from_the_softmax_of_the_top_k(temperature, top_k):
-    """engine.sample, the decoder's choice of the next token without a sync: over 40,000 draws from one
+    """orthros.sample_next, which the fast decoder runs inside its graph (no sync): over 40,000 draws from one
     row of logits, each token's frequency is its probability under softmax(logits / temperature),
     renormalised over the top k (4 standard deviations); tokens outside the top k never come."""
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 1.5])
     torch.manual_seed(0)
-    draws = engine.sample(logits.expand(40000, 1, -1), temperature, top_k)
+    draws = orthros.sample_next(logits.expand(40000, 1, -1), temperature, top_k)
     p = torch.softmax(logits / temperature, dim=-1)
     if top_k is not None:
         p = torch.where(p >= p.topk(top_k).values[-1], p, 0.0)
@@ -185,7 +186,7 @@ def test_bad_input_gives_clear_errors(runs):
     fast = runs["decoders"]["orthros"]
     model = fast.model
     new = FastDecoder(model, BATCH, MAX_LEN)
-    with pytest.raises(ValueError, match="empty: call decoder.prefill"):
+    with pytest.raises(ValueError, match="filled by its prefill\(\): call decoder.prefill"):
         new.decode(torch.zeros(BATCH, 1, dtype=torch.long), new.cache)
     with pytest.raises(ValueError, match="batch_size=2"):
         fast.prefill(torch.zeros(3, 4, dtype=torch.long))
@@ -195,7 +196,7 @@ def test_bad_input_gives_clear_errors(runs):
     with pytest.raises(ValueError, match="batch size 2"):
         fast.decode(torch.zeros(3, 1, dtype=torch.long), cache)
     _, naive_cache = model.prefill(torch.zeros(BATCH, 4, dtype=torch.long))
-    with pytest.raises(ValueError, match="not made by this decoder"):
+    with pytest.raises(ValueError, match="needs this decoder.s cache"):
         fast.decode(torch.zeros(BATCH, 1, dtype=torch.long), naive_cache)
     logits, cache = fast.decode(torch.zeros(BATCH, 1, dtype=torch.long), cache)
     with pytest.raises(ValueError, match="past max_len=400"):

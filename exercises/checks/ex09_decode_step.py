@@ -12,7 +12,7 @@ TITLE, DIFFICULTY, MINUTES = "The KV-cache decode step", 4, 40
 FUNCTIONS = ("decode_step",)
 REFERENCE = solution   # the stored solution: its functions
 FORBIDDEN = dict.fromkeys((Orthros.forward, Orthros.prefill, Orthros.decode, Orthros.generate, Orthros.generate_tokens,
-                           engine.FastDecoder.prefill, engine.FastDecoder.decode, engine.FastDecoder.load, engine.layer_in,
+                           engine.FastDecoder.prefill, engine.FastDecoder.decode, engine.FastDecoder.generate_tokens, engine.layer_in,
                            engine.layer_out), "it runs the forward pass (or the whole decode step) this exercise asks you to "
                           "build from the blocks")
 PAPER = "the paper's widths (n_embd 768, 6 heads, vocab_size 50304, w=128)"
