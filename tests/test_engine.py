@@ -267,6 +267,23 @@ def test_cuda_graph_decoder_gives_the_naive_greedy_tokens(trained_tiny, compile)
             assert bf16_near_tie(logits[row, differ[0, 0]]), f"row {row} diverged at step {differ[0, 0].item()}"
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+def test_sampling_draws_anew_each_step_and_repeats_with_the_seed(device):
+    """Temperature 1 over a flat distribution (the head zeroed: every token equally likely), 200 tokens:
+    the step draws anew each time (on CUDA inside its graph: a draw frozen into the graph would repeat one
+    token), so they take most of the 61 values; the same seed gives the same tokens, another seed others."""
+    model = make_model().to(device)
+    torch.nn.init.zeros_(model.lm_head.weight)
+    fast = FastDecoder(model, BATCH, MAX_LEN, compile=device == "cuda")
+    idx = torch.zeros(BATCH, 10, dtype=torch.long, device=device)
+    runs = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        runs.append(torch.cat(list(fast.generate_tokens(idx, 200, temperature=1.0)), 1))
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+    assert all(len(row.unique()) > VOCAB // 2 for row in runs[0])
+
+
 # Every case of CASES, and one with the options for Llama-architecture models: grouped-query
 # attention (FlexAttention's enable_gqa: 2 query heads per key/value head) and a SwiGLU MLP.
 CUDA_CASES = {**{case: (attn, conv, {}) for case, (attn, conv) in CASES.items()},
