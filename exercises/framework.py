@@ -37,8 +37,20 @@ import orthros
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 STUBS, SOLUTIONS, MINE, CHECKS = HERE / "stubs", HERE / "solutions", HERE / "mine", HERE / "checks"
-EXERCISES = {int(p.name[2:4]): p.stem for p in sorted(CHECKS.glob("ex[0-9][0-9]_*.py"))}   # number -> name
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 3e-2}   # atol by dtype (bfloat16: rtol too)
+
+
+def numbered(folder):
+    """{number: name} of the checkers in folder; two with one number (two teachers' branches merged) are an error."""
+    found = {}
+    for path in sorted(folder.glob("ex[0-9][0-9]_*.py")):
+        if found.setdefault(int(path.name[2:4]), path.stem) != path.stem:
+            raise ImportError(f"{folder} holds two checkers numbered {int(path.name[2:4])}, {found[int(path.name[2:4])]}.py "
+                              f"and {path.name}: renumber one exercise (its stub, solution and checker)")
+    return found
+
+
+EXERCISES = numbered(CHECKS)   # number -> name
 
 
 @dataclass
@@ -97,14 +109,8 @@ def stub_source(spec):
 
 
 def solved_source(spec):
-    """The stored solution's file, where a line that imports a function the exercise replaces from the repository
-    (`from orthros import in_window`) becomes that function's own source."""
-    source = (SOLUTIONS / f"{spec.__name__.rsplit('.', 1)[-1]}.py").read_text()
-    for fn in (getattr(spec.REFERENCE, name) for name in spec.FUNCTIONS):
-        line = f"from {fn.__module__} import {fn.__name__}\n"
-        if line in source:
-            source = source.replace(line, "") + "\n\n" + inspect.getsource(fn)
-    return source
+    """The stored solution's file (a "replace" exercise's: the repository's function, copied; checked against it live)."""
+    return (SOLUTIONS / f"{spec.__name__.rsplit('.', 1)[-1]}.py").read_text()
 
 
 # Answers, and the guard: while the answer's code runs, each refused function's code raises
@@ -260,13 +266,14 @@ def run_cases(spec, impl, summary, options):
         answer = as_answer(spec, impl)
         if answer.problem or not answer.started:
             return Result("FAIL", f"FAIL. {answer.problem}") if answer.problem else Result("not started", not_started(answer.path))
-        functions = guarded(spec, answer)
-        for case, truth in cases_of(spec, options):
+        functions, cases = guarded(spec, answer), cases_of(spec, options)
+        for i, (case, truth) in enumerate(cases):
             outcome = run_case(spec, case, functions, truth())
             if outcome.kind == "not started":
                 return Result("not started", not_started(answer.path, outcome.output))
             if outcome.problem:
-                named = [] if answer.trusted else [bug for bug in spec.BUGS if same_failure(spec, bug, case, truth(), outcome)]
+                named = [] if answer.trusted else known_bugs(spec, functions, cases, i, outcome)
+                outcome = outcome._replace(problem=outcome.problem + off_by_one(spec, functions, cases, i, outcome))
                 return Result("FAIL", failure(case, outcome, named), named=[bug.name for bug in named])
         case = None
         try:
@@ -325,15 +332,51 @@ def run_case(spec, case, functions, truth):
     return outcome._replace(problem=changed, kind="changed") if changed else outcome
 
 
-def same_failure(spec, bug, case, truth, outcome):
-    """Does the known bug fail this case with the same report (its file's line numbers aside)?"""
-    answer = as_answer(spec, bug)
-    try:
-        theirs = run_case(spec, case, guarded(spec, answer), truth) if not answer.problem else Outcome()
-    except Exception:
-        return False
-    unplaced = lambda text: re.sub(r" \(at [^()]*, line \d+\)", "", text or "")
-    return bool(theirs.problem) and theirs.kind == outcome.kind and unplaced(theirs.problem) == unplaced(outcome.problem)
+def later(spec, functions, cases, i, which=lambda case: True):
+    """(case, truth, the answer's outcome) for each case after the i-th that which(case) selects (until a NotReady)."""
+    for case, truth in cases[i + 1:]:
+        if which(case):
+            try:
+                yield case, truth, run_case(spec, case, functions, truth())
+            except NotReady:
+                return
+
+
+def known_bugs(spec, functions, cases, i, outcome):
+    """The known bugs that do what the answer does on every case up to its first failure, the i-th, and to its next: a
+    coincidence on one case names no bug."""
+    runs = [(*cases[i], outcome)] + [(case, truth, Outcome()) for case, truth in cases[:i]]
+    named = [bug for bug in spec.BUGS if alike(spec, bug, runs)]
+    for run in later(spec, functions, cases, i) if named else ():
+        named = [bug for bug in named if alike(spec, bug, [run])]
+        if run[2].problem or not named:
+            break
+    return named
+
+
+def alike(spec, bug, runs):
+    """Does the known bug pass each (case, truth, the answer's outcome) the answer passed, and fail each it failed with the
+    same report (its file's line numbers aside)?"""
+    functions, unplaced = guarded(spec, as_answer(spec, bug)), lambda text: re.sub(r" \(at [^()]*, line \d+\)", "", text or "")
+    for case, truth, outcome in runs:
+        try:
+            theirs = run_case(spec, case, functions, truth())
+        except Exception:
+            return False
+        if theirs.kind != outcome.kind or unplaced(theirs.problem) != unplaced(outcome.problem):
+            return False
+    return True
+
+
+def off_by_one(spec, functions, cases, i, outcome):
+    """" (off by one)" when the answer's int is one off on the i-th case, the same way on every later case of its call (one
+    at least), and no earlier case of that call passed; else "" (a gap of 1 on one case can be a coincidence)."""
+    gap = lambda truth, outcome: outcome.output - truth if type(outcome.output) is type(truth) is int else None
+    same_call, first = (lambda other: other.call == cases[i][0].call), gap(cases[i][1](), outcome)
+    if first not in (1, -1) or any(same_call(case) for case, _ in cases[:i]):
+        return ""
+    gaps = [gap(truth(), theirs) for _, truth, theirs in later(spec, functions, cases, i, same_call)]
+    return " (off by one)" if gaps and set(gaps) == {first} else ""
 
 
 def fresh(case):
@@ -439,8 +482,7 @@ def difference(out, ref, label="your output", values=True):
     if not values:
         return None
     close = math.isclose(out, ref, abs_tol=TOLERANCE[torch.float64]) if isinstance(ref, float) else out == ref
-    off = " (off by one)" if type(ref) is int and type(out) is int and abs(out - ref) == 1 else ""
-    return None if close else f"yours {short(out)}, the reference {short(ref)}{off}"
+    return None if close else f"yours {short(out)}, the reference {short(ref)}"
 
 
 def tensor_difference(out, ref, atol=None, rtol=None):
@@ -530,7 +572,8 @@ def change(old, new):
 
 
 def tiny_model(attn="orthros", seed=0, dtype=torch.float64, **overrides):
-    """A tiny model in eval mode, its weights drawn in dtype (float64: what float32 cannot hold), scale-offsets moved."""
+    """A tiny model in eval mode, its weights drawn in dtype (float64: what float32 cannot hold); its vectors (scale-offsets,
+    norms, biases) and convolution drawn away from where they start."""
     config = orthros.OrthrosConfig(**{**dict(vocab_size=37, n_layer=2, n_head=2, n_embd=16, window=4, attn=attn,
                                              max_seq_len=512), **overrides})
     default = torch.get_default_dtype()
@@ -540,11 +583,29 @@ def tiny_model(attn="orthros", seed=0, dtype=torch.float64, **overrides):
         model = orthros.Orthros(config).eval()
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if name.rsplit(".", 1)[-1] in orthros.SCALE_OFFSETS or name.endswith("conv.weight"):
+                if p.dim() == 1 or name.endswith("conv.weight"):
                     p.add_(0.5 * torch.randn_like(p))
     finally:
         torch.set_default_dtype(default)
     return model
+
+
+# The zoo: a tiny model for each option of orthros.py. Every checker that takes a model runs cases on each member, so a
+# new option reaches every exercise as one more member here. (name, config overrides, dtype)
+LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)
+ZOO = [("the original", {}, None),
+       ("Llama-like: untied head, n_head=4 with n_kv_head=2 (GQA), SwiGLU, Q/K/V biases, norm_eps=1e-5, llama3 RoPE "
+        "scaling", dict(tie_embeddings=False, n_head=4, n_kv_head=2, mlp="swiglu", mlp_hidden=40, qkv_bias=True,
+                        norm_eps=1e-5, rope_scaling=LLAMA3), None),
+       ("scale_offset=False (the paper's w/o SO)", dict(scale_offset=False), None), ("the original", {}, torch.bfloat16)]
+
+
+WHATEVER = "whatever options orthros.py gives the model (its head, GQA, MLP, norms, biases, RoPE scaling, scale-offsets, dtype)"
+
+
+def zoo(attn="orthros", **overrides):
+    """(name, model, dtype) for each member of the zoo, with the overrides."""
+    return [(name, tiny_model(attn, **{**more, **overrides}), dtype) for name, more, dtype in ZOO]
 
 
 def tokens(B, T, vocab=37, seed=0):
@@ -556,8 +617,9 @@ def randn(*shape, seed=0):
 
 
 @contextlib.contextmanager
-def handed_to_blocks(model, B, rows, T, why):
-    """Check what the answer hands each block before the block runs: z of shape (B, rows, C) (rows None: any), and T."""
+def handed_to_blocks(model, B, rows, T, why, positions):
+    """Check what the answer hands each block before the block runs: z of shape (B, rows, C) (rows None: any), T, and
+    the RoPE tables (cos, sin) of positions(rows of z), as the model's forward makes them (its dtype, base, scaling)."""
     def check(block, args, kwargs):
         given = inspect.signature(block.forward).bind(*args, **kwargs).arguments
         z, i = given.get("z"), list(model.blocks).index(block)
@@ -567,6 +629,12 @@ def handed_to_blocks(model, B, rows, T, why):
         if given.get("T") != T:
             raise Wrong(f"your code hands block {i} T={given.get('T')!r}, expected {T}: T counts the base tokens, the "
                         f"first T rows of z ({why})")
+        at, c = positions(z.size(1)), model.config
+        right = orthros.rope_cos_sin(at.to(z.device), c.n_embd // c.n_head, c.rope_base, model.wte.weight.dtype, c.rope_scaling)
+        wrong = difference(given.get("rope"), right, "the RoPE tables (cos, sin)")
+        if wrong:
+            raise Wrong(f"your code hands block {i} RoPE tables that are not those of the positions {short(at.tolist(), 60)} "
+                        f"(in the model's dtype, by its config's rope_base and rope_scaling): {wrong}")
     hooks = [block.register_forward_pre_hook(checker_hook(check), with_kwargs=True) for block in model.blocks]
     try:
         yield

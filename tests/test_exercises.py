@@ -5,6 +5,7 @@ is "not started", every known bug fails and is named. The checker itself, on a t
 import ast
 import inspect
 import re
+import shutil
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,9 +14,10 @@ import pytest
 import torch
 
 import orthros
+import exercises.__main__ as commands
 from exercises import framework
 from exercises.__main__ import main
-from exercises.framework import EXERCISES, STUBS, Case, Result, checker_hook, load_spec, tensor_difference
+from exercises.framework import EXERCISES, STUBS, Bug, Case, Result, checker_hook, load_spec, tensor_difference
 from exercises.show import pattern
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,9 +54,10 @@ def test_the_untouched_stub_and_the_second_hint(n):
     reference's exact signature (names, order, defaults) and is the stub's own, never the function it replaces. No line
     of the reference's code (20 characters or more) appears in hint 2 (shapes or pseudocode)."""
     spec = load_spec(n)
-    answer = framework.load_answer(spec, framework.stub_source(spec), STUBS / f"{EXERCISES[n]}.py")
+    answer = framework.load_answer(spec, framework.stub_source(spec), framework.STUBS / f"{EXERCISES[n]}.py")
     result = framework.check(spec, answer, **NO_RUNS)
-    assert result.status == "not started" and any(f"`{f}`" in result.message for f in spec.FUNCTIONS), result.message
+    assert result.status == "not started", "\n".join(commands.in_place(n, spec)) or result.message   # what `check` says
+    assert any(f"`{f}`" in result.message for f in spec.FUNCTIONS), result.message
     assert "NotImplementedError" in result.message and f"python -m exercises start {n}" in result.message
     tree = ast.parse(framework.stub_source(spec))
     named = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
@@ -66,6 +69,16 @@ def test_the_untouched_stub_and_the_second_hint(n):
         for line in textwrap.dedent(inspect.getsource(inspect.unwrap(getattr(spec.REFERENCE, name)))).splitlines():
             code = re.sub(r"\s+", " ", line.split("#")[0].strip())
             assert len(code) < 20 or code.startswith(("def ", '"""')) or code not in re.sub(r"\s+", " ", spec.HINTS[1]), code
+
+
+def test_a_stub_edited_in_place_fails_its_test_with_what_check_says(tmp_path, monkeypatch):
+    """A stub with an answer written into it fails the stub test with the line `check` prints for it."""
+    shutil.copytree(STUBS, tmp_path / "stubs")
+    (tmp_path / "stubs" / f"{EXERCISES[4]}.py").write_text(framework.solved_source(load_spec(4)))
+    for module in (framework, commands):
+        monkeypatch.setattr(module, "STUBS", tmp_path / "stubs")
+    with pytest.raises(AssertionError, match=r"ex04_algorithm1.py is not checked: check reads only your copy"):
+        test_the_untouched_stub_and_the_second_hint(4)
 
 
 def test_exercise_1s_whole_model_cases_alone_catch_a_wrong_predicate():
@@ -130,6 +143,26 @@ def test_the_reference_first_on_its_own_inputs_then_forms_and_values_on_another_
     assert tensor_difference(torch.tensor([float("nan")]), torch.tensor([float("nan")]), 0, 0) is None
 
 
+def test_a_known_bug_is_named_when_it_does_what_the_answer_does_and_off_by_one_only_when_it_is():
+    """Of two known bugs that fail the smallest failing case alike, the one that also does what the answer does on the other
+    cases is named: the answer's mistake, first. A count one too many is "off by one" only when it is again on the next
+    failure, not when the gap of 1 is a coincidence."""
+    spec = toy(*[Case(f"double({x})", dict(x=x), "double", "2x") for x in (1, 2, 3)])
+    spec.BUGS = [Bug("always one more", "", source="def double(x):\n    return 2 * x + 1\n"),
+                 Bug("one more at 1", "", source="def double(x):\n    return 2 * x + (x == 1)\n")]
+    for bug, named in zip(spec.BUGS, (["always one more"], ["one more at 1"])):
+        result = framework.check(spec, framework.load_answer(spec, bug.source, "/nowhere/ex99_toy.py"))
+        assert result.named == named and ("(off by one)" in result.message) == (bug is spec.BUGS[0]), result.message
+
+
+def test_two_checkers_of_one_number_fail_loudly(tmp_path):
+    """Two checkers of one number (two teachers' branches merged) are an error that names both, not an exercise gone."""
+    for name in ("ex05_conversion.py", "ex05_my_topic.py", "ex06_reach.py"):
+        (tmp_path / name).write_text("")
+    with pytest.raises(ImportError, match="two checkers numbered 5, ex05_conversion.py and ex05_my_topic.py"):
+        framework.numbered(tmp_path)
+
+
 def test_refused_functions_raise_even_when_captured_before_the_check_and_are_restored():
     """A refused method captured at import time (f = Orthros.forward) raises while the answer runs, even if the answer
     catches it, and works again afterwards; so after Ctrl-C inside an answer, which stops the check."""
@@ -183,12 +216,12 @@ def test_command_line_check_all_counts_every_exercise_and_ctrl_c_prints_one_line
 
 def test_command_line_solution_hint_and_list(capsys):
     """`solution N` points to the second hint; with --show it prints the whole solving file (exercise 1's: orthros.py's
-    own functions); --help hides it. `hint 1 2` shows hint 2 of 3 and the command for the next. `list` shows every
+    functions, copied); --help hides it. `hint 1 2` shows hint 2 of 3 and the command for the next. `list` shows every
     exercise of the checks folder, by number and title."""
     code, out, err = cli(capsys, "solution", "1")
     assert code == 1 and out == "" and "hint 1 2" in err and "--show" in err
     code, out, _ = cli(capsys, "solution", "1", "--yes-i-am-a-teacher")
-    assert code == 0 and inspect.getsource(orthros.in_window) in out and inspect.getsource(orthros.attention_mask) in out
+    assert code == 0 and framework.solved_source(load_spec(1)) in out
     assert "solution" not in cli(capsys, "--help")[1]
     code, out, _ = cli(capsys, "hint", "1", "2")
     assert code == 0 and "hint 2 of 3" in out and "python -m exercises hint 1 3" in out
@@ -206,3 +239,14 @@ def test_show_mask_draws_figure_1_from_orthros_and_the_syllabus_rows_are_true():
     assert rows and all(load_spec(int(row.split("|")[1])).TITLE in row for row in rows), rows
     assert all(f"`python -m exercises check {int(row.split('|')[1])}`" in row for row in rows), rows
     assert "(exercises/README.md)" in (REPO / "README.md").read_text()
+
+
+def test_the_pages_count_the_exercises_and_a_new_exercises_files_as_they_are():
+    """Every count of the exercises in words ("ten exercises") is the checks folder's, and the teachers' part says a new
+    exercise touches as many files as its numbered steps."""
+    words = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen".split()
+    for page in ("README.md", "exercises/README.md", "exercises/__init__.py"):
+        for word in re.findall(rf"\b({'|'.join(words)})(?: [\w-]+)? exercises\b", (REPO / page).read_text().lower()):
+            assert words.index(word) == len(EXERCISES), f"{page} counts {word} exercises"
+    teachers = (REPO / "exercises" / "README.md").read_text().split("**Adding or changing an exercise**")[1].split("```")[0]
+    assert words.index(re.search(r"touches (\w+) files", teachers)[1]) == len(re.findall(r"^\d+\. ", teachers, re.M))

@@ -27,7 +27,7 @@ HINTS = [
     "attended_pairs, no window: the last n_q queries sit at T-n_q ... T-1 and see t + 1 keys each: an arithmetic "
     "series, n_q terms from T-n_q+1 up to T. With a window: the first min(w, T) queries see 1, 2, ... keys (a "
     "triangle), every later one exactly w. Integers only: // not /.\n"
-    "prefill_flops, per layer: (tokens through the layer) x 10 C^2 x 2, plus (base tokens) x 2 C^2 x 2 for W_K, W_V, "
+    "prefill_flops, per layer, in FLOPs: (tokens through the layer) x 20 C^2, plus (base tokens) x 4 C^2 for W_K, W_V, "
     "plus 4 C per attended pair; the pairs are causal for the Transformer, windowed for SWA and Orthros's base tokens,"
     " plus the one output query's full row for Orthros. Times n_layer, plus 2 C V for the LM head at the one position "
     "with logits.",
@@ -46,6 +46,9 @@ BUGS = [
         "first w queries), and with w > T no query has w.", {WINDOWED: "return T * window"}),
     Bug("W_K, W_V on the output token too", "keys and values come from base tokens only: the output token pays W_Q, W_O "
         "and the MLP (10 C^2), not W_K, W_V.", {TOKENWISE: "tokenwise = 2 * 12 * C * C * n_tokens"}),
+    Bug("the matrices' multiply-adds counted as FLOPs", "a C x C matrix costs a token C^2 multiply-adds, 2 C^2 FLOPs: "
+        "the token-wise terms are 20 C^2 and 4 C^2 FLOPs a token, not 10 C^2 and 2 C^2.",
+        {TOKENWISE: "tokenwise = 10 * C * C * n_tokens + 2 * C * C * T"}),
     Bug("the LM head on all T tokens", "prefill returns logits at the last position only (t_out = 1): 2 C V, not 2 C V T.",
         {"+ 2 * C * V": "+ 2 * C * V * T"}),
 ]
