@@ -6,7 +6,7 @@ from unittest import mock
 import torch
 
 import orthros
-from exercises.framework import SOLUTIONS, Bug, Case, Mutant, tiny_model, tokens
+from exercises.framework import Bug, Case, Mutant, tiny_model, tokens
 
 TITLE, DIFFICULTY, MINUTES = "The window mask", 1, 20
 FUNCTIONS = ("in_window", "attention_mask")
@@ -64,12 +64,9 @@ MUTANTS = [
     Mutant("attention_mask cached with functools.lru_cache: every caller shares one tensor", "changed the first mask in place",
            {"import torch\n": "import functools\n\nimport torch\n",
             "def attention_mask(": "@functools.lru_cache(maxsize=None)\ndef attention_mask("}),
-    Mutant("window=None written as 4096", "a distance past any fixed length", {"causal if window is None else ": "",
-                                                                               "< window)": "< (window or 4096))"}),
-    Mutant("the window dropped when n_q < n_k", "attention_mask(n_q=1, n_k=2, window=1)",
-           {"k_pos, window)\n": "k_pos, window if n_q == n_k else None)\n"}),
+    Mutant("window=None written as 4096", "past any fixed length", {"causal if window is None else ": "", "< window)": "< (window or 4096))"}),
+    Mutant("the window dropped when n_q < n_k", "(n_q=1, n_k=2, window=1)", {"k_pos, window)\n": "k_pos, window if n_q == n_k else None)\n"}),
 ]
-ALSO_RIGHT = (SOLUTIONS / "ex01_window_mask_also.py").read_text()   # a right answer written otherwise
 WINDOW = "query t sees exactly keys t-w+1 ... t (eq. 4), every key <= t without a window (eq. 5)"
 FAR = ("t - j and w must be compared whole, however large: in int8 (-128 ... 127: even w = 128 wraps to -128), int16 "
        "(up to 32767) or float16 (exact only up to 2048), or clamped, a distance or the window stops being itself")

@@ -2,8 +2,7 @@
 
 import torch
 
-from exercises.framework import (SOLUTIONS, ZOO, Bug, Case, Mutant, Wrong, describe, difference, handed_to_blocks, tiny_model,
-                                 tokens)
+from exercises.framework import ZOO, Bug, Case, Mutant, Wrong, describe, difference, handed_to_blocks, tiny_model, tokens
 from exercises.solutions import ex09_decode_step as solution
 from orthros import KVCache, Orthros, OrthrosConfig
 from perf import engine
@@ -58,14 +57,13 @@ MUTANTS = [
     Mutant("Orthros.forward captured at import", "holds orthros.Orthros.forward",
            source="from orthros import Orthros\n\n_forward = Orthros.forward\n\n\ndef decode_step(model, next_idx, cache):\n"
                   "    return _forward(model, next_idx.reshape(-1, 1), t_out=1, cache=cache)[0], cache\n"),
-    Mutant("rope_base hard-coded (10000)", "rope_base=500.0", {"model.config.rope_base,": "10000.0,"}),
+    Mutant("rope_base hard-coded (10000)", "rope_base=500000.0", {"model.config.rope_base,": "10000.0,"}),
     Mutant("head_dim from n_layer", "expected (2, 4)", {"// model.config.n_head": "// model.config.n_layer"}),
     Mutant("head_dim from n_kv_head", "expected (2, 4)", {"// model.config.n_head": "// (model.config.n_kv_head or model.config.n_head)"}),
     Mutant("the RoPE scaling left out", "llama3 RoPE scaling", {", model.config.rope_scaling)": ")"}),
     Mutant("the LM head read as the embedding (a tied model's)", "untied head", {LOGITS: "model.ln_f(z[:, -1:]) @ model.wte.weight.T"}),
-    Mutant("the position made in the weights' dtype", "positions past 256",
-           {"S, device=x.device)": "S, device=x.device, dtype=model.wte.weight.dtype)"}),
-    Mutant("the RoPE tables kept per position, whatever the device", "after the same sizes on the CPU",
+    Mutant("the position made in the weights' dtype", "past 256", {"S, device=x.device)": "S, device=x.device, dtype=model.wte.weight.dtype)"}),
+    Mutant("the RoPE tables kept per position, whatever the device", "the first run's model and sizes again",
            {"\ndef decode_step": "\n_TABLES = {}   # the RoPE tables of each position, made once\n\n\ndef decode_step",
             "    rope = rope_cos_sin(": "    key = (S, z.size(1), repr(model.config), model.wte.weight.dtype)\n"
                                    "    rope = _TABLES[key] if key in _TABLES else _TABLES.setdefault(key, rope_cos_sin(",
@@ -88,18 +86,16 @@ MUTANTS = [
     Mutant("cache.length not advanced", "at ['cache.length']: yours 12, the reference 13", {"        cache.length = S + 1\n": ""}),
     Mutant("the positions made on the CPU", "is on cpu, expected meta", {"device=x.device)": "device='cpu')"}),
 ]
-ALSO_RIGHT = (SOLUTIONS / "ex09_decode_step_also.py").read_text()   # a right answer written otherwise
 OTHER = dict(n_layer=3, n_head=4, n_embd=24, window=3, rope_base=500.0, dropout=0.1, vocab_size=50, conv_kernel=2,
              seed=1)
 MODELS = [   # (name, attn, overrides, dtype): the zoo's members as Orthros models, then the other attentions and options
     *((f"attn='orthros', {name}", "orthros", more, dtype) for name, more, dtype in ZOO),
     ("attn='orthros', conv_kernel=3", "orthros", dict(conv_kernel=3), None), ("attn='swa'", "swa", {}, None),
-    ("attn='transformer'", "transformer", {}, None), ("attn='orthros', rope_base=500.0", "orthros", dict(rope_base=500.0), None),
+    ("attn='transformer'", "transformer", {}, None),
     ("attn='orthros', " + ", ".join(f"{k}={v!r}" for k, v in OTHER.items()), "orthros", OTHER, None)]
-LAST = len(MODELS) - 1   # the one with OTHER
-# (p, models, batch, next_idx as (B, 1), T): the fewest decode steps first; then positions past 256, in bfloat16
-RUNS = [(12, range(LAST + 1), 2, False, 13), (12, [0], 2, True, 13), (12, [0], 1, False, 13), (11, [LAST], 3, True, 13),
-        (4, range(LAST), 2, False, 13), (1, [0], 2, False, 13), (257, [len(ZOO) - 1], 1, False, 261)]
+# (p, models, batch, next_idx as (B, 1), T): the fewest decode steps first (the last model: OTHER); then positions past 256
+RUNS = [(12, range(len(MODELS)), 2, False, 13), (12, [0], 2, True, 13), (12, [0], 1, False, 13), (11, [-1], 3, True, 13),
+        (4, range(len(MODELS) - 1), 2, False, 13), (1, [0], 2, False, 13), (257, [len(ZOO) - 1], 1, False, 261)]
 PAPER_SIZE = dict(n_layer=2, n_embd=768, n_head=6, vocab_size=50304, window=128)   # 2 of its 12 layers: meta is slow
 ONE_TOKEN = "one new token per sequence: z is (B, rows, C), its base twin the first row"
 INVARIANT = ("train == decode: after the steps the cache (compared first: cache.length, the next token's position, then "
@@ -118,15 +114,13 @@ def cases(**options):
                        f"{c.n_layer} layers" + (", positions past 256 (bfloat16 holds every integer only up to 256)" if
                        T > 256 else ""), dict(model=models[i], idx=tokens(B, T, seed=B), p=p, column=column), decoded,
                        INVARIANT, expected=trained, dtype=dtype, output="your steps' result")
-    yield Case(f"the first run again, on the meta device (shapes, no values), after the same sizes on the CPU", lambda: dict(
-        model=models[0], idx=torch.zeros(2, 13, dtype=torch.long), p=12, column=False), decoded, "the logits and the cache "
-        "made where the model is (nothing made for the CPU fits here)", expected=trained, device="meta", output="your steps' result")
     with torch.device("meta"):   # the paper's widths on meta: shapes, no values (and no memory)
         paper = Orthros(OrthrosConfig(**PAPER_SIZE)).eval()
-    yield Case(f"prefill(idx[:, :300]), then a decode_step on the meta device: 2 layers at {PAPER}, next_idx of shape (2,)",
-               lambda: dict(model=paper, idx=torch.zeros(2, 301, dtype=torch.long), p=300, column=False), decoded,
-               "the logits (B, 1, vocab) and the cache made where the model is (here: meta, where only shapes exist)",
-               expected=trained, device="meta", output="your steps' result")
+    for model, p, about in [(models[0], 12, "the first run's model and sizes again"), (paper, 300, f"2 layers at {PAPER}")]:
+        yield Case(f"prefill(idx[:, :{p}]), then a decode_step on the meta device (shapes, no values): {about}, next_idx of "
+                   "shape (2,)", lambda model=model, p=p: dict(model=model, idx=torch.zeros(2, p + 1, dtype=torch.long), p=p,
+                   column=False), decoded, "the logits (B, 1, vocab) and the cache made where the model is (here: meta; "
+                   "nothing made for the CPU fits)", expected=trained, device="meta", output="your steps' result")
 
 
 def decoded(answer, model, idx, p, column):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from checkpoint import load_checkpoint, save_checkpoint
 from data.prepare_utils import find_dataset
-from exercises.framework import REPO, SOLUTIONS, Bug, Case, Mutant, NotReady, Wrong, short
+from exercises.framework import REPO, Bug, Case, Mutant, NotReady, Wrong, short
 from exercises.solutions import ex10_recall_lab as solution
 
 TITLE, DIFFICULTY, MINUTES = "The recall lab", 4, 30
@@ -63,15 +63,11 @@ MUTANTS = [
     Mutant("the stored solution imported", "is not available to your code",
            source="def recall_summary(run_dir):\n    from exercises.solutions.ex10_recall_lab import recall_summary\n"
                   "    return recall_summary(run_dir)\n"),
-    Mutant("the known bugs' code reused", "does not import: ImportError",
-           source="from exercises.checks.ex10_recall_lab import BUGS\n\nrecall_summary = BUGS[0]\n"),
 ]
-ALSO_RIGHT = (SOLUTIONS / "ex10_recall_lab_also.py").read_text()   # a right answer written otherwise
 
 
-# Made-up runs: n_layer != n_head; buckets at the edges hi = w and lo = n_layer * w, one across w, one of each distance
-# from w to n_layer * w (where rules off by one near w, or by L between L(w - 1) and L w, differ); accuracies whose hits
-# (accuracy * n) truncate under int() (0.29 * 100 = 28.999...); the paper's window and depth. (attn, w, L, H, buckets)
+# Made-up runs (attn, w, L, H, buckets): L != H; a bucket at each distance from w to L w (where rules a step off near w, or
+# L off near L w, differ), one across w; hits that truncate under int() (0.29 * 100 = 28.999...); the paper's w and L.
 MADE_UP = [("swa", 4, 2, 4, {"1-3": (100, 0.97), "3-4": (100, 0.9), "4-5": (100, 0.6), "5-6": (100, 0.5), "6-7": (100, 0.3),
                              "7-8": (100, 0.2), "8-16": (50, 0.1), "16-33": (150, 0.04)}),
            ("swa", 3, 4, 2, {"1-2": (100, 0.29), "2-4": (100, 0.57), "4-5": (100, 0.58), "5-12": (300, 0.11),
