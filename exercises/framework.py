@@ -1,12 +1,12 @@
-"""The checker every exercise shares (an exercise's three files, and the parts of a checker: exercises/README.md).
+"""The checker every exercise shares (an exercise's files, and the parts of a checker: exercises/README.md).
 
-A check runs the checker's cases, smallest first, on an answer (a student's file; a bug or mutant: the stored solution
-with edits; the reference), each on its own deep copy of the inputs. What the answer returns is compared with the
-reference's output (or expected(**inputs)): its form first (type; shape, dtype, device; length or keys), then its values
-(to TOLERANCE); or compare(output, right) or holds(output) says what is wrong. The inputs must come back unchanged.
-While the answer runs, the reference and FORBIDDEN raise however reached (their __code__ is swapped); a file that
-imports from exercises/ is refused. What the checker's own code raises is its error, never the student's, but in `with
-using("your model(idx)")` (code that uses what the answer returned) and Wrong("...") (a failure in words).
+A check runs the checker's cases, smallest first (those that take a model: on each ZOO member), on an answer (a student's
+file; a bug or mutant: the stored solution with edits; the reference), each on its own deep copy of the inputs. What the
+answer returns is compared with the reference's output (or expected(**inputs)): its form first (type; shape, dtype,
+device; length or keys), then its values (to TOLERANCE); or compare(output, right) or holds(output) says what is wrong.
+The inputs must come back unchanged. A known bug is named when it does what a failing answer does, to its next failure.
+While the answer runs, the reference and FORBIDDEN raise however reached, and a file importing from exercises/ is refused.
+What the checker's code raises is its error, not the student's, but in `with using()` (code using the answer's output).
 """
 
 import ast

@@ -16,7 +16,7 @@ import orthros
 import exercises.__main__ as commands
 from exercises import framework
 from exercises.__main__ import main
-from exercises.framework import EXERCISES, STUBS, Case, Result, checker_hook, load_spec, tensor_difference
+from exercises.framework import EXERCISES, Case, Result, checker_hook, load_spec, tensor_difference
 from exercises.show import pattern
 
 REPO = Path(__file__).resolve().parents[1]
