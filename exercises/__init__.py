@@ -1,2 +1,2 @@
-"""Ten auto-checked exercises that teach Orthros from the real code: python -m exercises list.
+"""Auto-checked exercises that teach Orthros from the real code: python -m exercises list.
 The syllabus is exercises/README.md."""

@@ -1,12 +1,12 @@
-"""The checker every exercise shares (an exercise's three files, and the parts of a checker: exercises/README.md).
+"""The checker every exercise shares (an exercise's files, and the parts of a checker: exercises/README.md).
 
-A check runs the checker's cases, smallest first, on an answer (a student's file; a bug or mutant: the stored solution
-with edits; the reference), each on its own deep copy of the inputs. What the answer returns is compared with the
-reference's output (or expected(**inputs)): its form first (type; shape, dtype, device; length or keys), then its values
-(to TOLERANCE); or compare(output, right) or holds(output) says what is wrong. The inputs must come back unchanged.
-While the answer runs, the reference and FORBIDDEN raise however reached (their __code__ is swapped); a file that
-imports from exercises/ is refused. What the checker's own code raises is its error, never the student's, but in `with
-using("your model(idx)")` (code that uses what the answer returned) and Wrong("...") (a failure in words).
+A check runs the checker's cases, smallest first (those that take a model: on each ZOO member), on an answer (a student's
+file; a bug or mutant: the stored solution with edits; the reference), each on its own deep copy of the inputs. What the
+answer returns is compared with the reference's output (or expected(**inputs)): its form first (type; shape, dtype,
+device; length or keys), then its values (to TOLERANCE); or compare(output, right) or holds(output) says what is wrong.
+The inputs must come back unchanged. A known bug is named when it does what a failing answer does, to its next failure.
+While the answer runs, the reference and FORBIDDEN raise however reached, and a file importing from exercises/ is refused.
+What the checker's code raises is its error, not the student's, but in `with using()` (code using the answer's output).
 """
 
 import ast
@@ -34,10 +34,20 @@ import torch.nn as nn
 
 import orthros
 
+
+def numbered(folder):
+    """{number: name} of the checkers in folder; two of one number (two teachers' branches merged) are an error."""
+    paths = sorted(folder.glob("ex[0-9][0-9]_*.py"))
+    for a, b in zip(paths, paths[1:]):
+        if a.name[:4] == b.name[:4]:
+            raise ImportError(f"{folder} holds two checkers numbered {int(a.name[2:4])}, {a.name} and {b.name}: renumber one")
+    return {int(path.name[2:4]): path.stem for path in paths}
+
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 STUBS, SOLUTIONS, MINE, CHECKS = HERE / "stubs", HERE / "solutions", HERE / "mine", HERE / "checks"
-EXERCISES = {int(p.name[2:4]): p.stem for p in sorted(CHECKS.glob("ex[0-9][0-9]_*.py"))}   # number -> name
+EXERCISES = numbered(CHECKS)   # number -> name
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 3e-2}   # atol by dtype (bfloat16: rtol too)
 
 
@@ -97,14 +107,8 @@ def stub_source(spec):
 
 
 def solved_source(spec):
-    """The stored solution's file, where a line that imports a function the exercise replaces from the repository
-    (`from orthros import in_window`) becomes that function's own source."""
-    source = (SOLUTIONS / f"{spec.__name__.rsplit('.', 1)[-1]}.py").read_text()
-    for fn in (getattr(spec.REFERENCE, name) for name in spec.FUNCTIONS):
-        line = f"from {fn.__module__} import {fn.__name__}\n"
-        if line in source:
-            source = source.replace(line, "") + "\n\n" + inspect.getsource(fn)
-    return source
+    """The stored solution's file (a "replace" exercise's: the repository's function, copied; checked against it live)."""
+    return (SOLUTIONS / f"{spec.__name__.rsplit('.', 1)[-1]}.py").read_text()
 
 
 # Answers, and the guard: while the answer's code runs, each refused function's code raises
@@ -260,13 +264,14 @@ def run_cases(spec, impl, summary, options):
         answer = as_answer(spec, impl)
         if answer.problem or not answer.started:
             return Result("FAIL", f"FAIL. {answer.problem}") if answer.problem else Result("not started", not_started(answer.path))
-        functions = guarded(spec, answer)
-        for case, truth in cases_of(spec, options):
+        functions, cases = guarded(spec, answer), cases_of(spec, options)
+        for i, (case, truth) in enumerate(cases):
             outcome = run_case(spec, case, functions, truth())
             if outcome.kind == "not started":
                 return Result("not started", not_started(answer.path, outcome.output))
             if outcome.problem:
-                named = [] if answer.trusted else [bug for bug in spec.BUGS if same_failure(spec, bug, case, truth(), outcome)]
+                named = [] if answer.trusted else known_bugs(spec, functions, cases, i, outcome)
+                outcome = outcome._replace(problem=outcome.problem + off_by_one(spec, functions, cases, i, outcome))
                 return Result("FAIL", failure(case, outcome, named), named=[bug.name for bug in named])
         case = None
         try:
@@ -325,15 +330,38 @@ def run_case(spec, case, functions, truth):
     return outcome._replace(problem=changed, kind="changed") if changed else outcome
 
 
-def same_failure(spec, bug, case, truth, outcome):
-    """Does the known bug fail this case with the same report (its file's line numbers aside)?"""
-    answer = as_answer(spec, bug)
+def known_bugs(spec, functions, cases, i, outcome):
+    """The known bugs that do what the answer does on every case to its first failure, the i-th, and on to its next."""
+    runs = [(*cases[i], outcome)] + [(case, truth, Outcome()) for case, truth in cases[:i]]
+    named = [bug for bug in spec.BUGS if all(same_report(spec, bug, *run) for run in runs)]
+    with contextlib.suppress(NotReady):   # (the recall lab's trained runs: not there yet)
+        for case, truth in cases[i + 1:] if named else ():
+            theirs = run_case(spec, case, functions, truth())
+            named = [bug for bug in named if same_report(spec, bug, case, truth, theirs)]
+            if theirs.problem or not named:
+                break
+    return named
+
+
+def same_report(spec, bug, case, truth, outcome):
+    """Does the known bug pass the case the answer passed, or fail it with the answer's report (line numbers aside)?"""
     try:
-        theirs = run_case(spec, case, guarded(spec, answer), truth) if not answer.problem else Outcome()
+        theirs = run_case(spec, case, guarded(spec, as_answer(spec, bug)), truth())
     except Exception:
         return False
     unplaced = lambda text: re.sub(r" \(at [^()]*, line \d+\)", "", text or "")
-    return bool(theirs.problem) and theirs.kind == outcome.kind and unplaced(theirs.problem) == unplaced(outcome.problem)
+    return theirs.kind == outcome.kind and unplaced(theirs.problem) == unplaced(outcome.problem)
+
+
+def off_by_one(spec, functions, cases, i, outcome):
+    """" (off by one)" when the answer's int is one off on the i-th case and the same way on every later case of its call
+    (one at least), else "": a gap of 1 on one case can be a coincidence."""
+    gap = lambda truth, outcome: outcome.output - truth if type(outcome.output) is type(truth) is int else None
+    first, (case, _) = gap(cases[i][1](), outcome), cases[i]
+    if first not in (1, -1):
+        return ""
+    gaps = [gap(truth(), run_case(spec, other, functions, truth())) for other, truth in cases[i + 1:] if other.call == case.call]
+    return " (off by one)" if gaps and set(gaps) == {first} else ""
 
 
 def fresh(case):
@@ -439,8 +467,7 @@ def difference(out, ref, label="your output", values=True):
     if not values:
         return None
     close = math.isclose(out, ref, abs_tol=TOLERANCE[torch.float64]) if isinstance(ref, float) else out == ref
-    off = " (off by one)" if type(ref) is int and type(out) is int and abs(out - ref) == 1 else ""
-    return None if close else f"yours {short(out)}, the reference {short(ref)}{off}"
+    return None if close else f"yours {short(out)}, the reference {short(ref)}"
 
 
 def tensor_difference(out, ref, atol=None, rtol=None):
@@ -530,7 +557,7 @@ def change(old, new):
 
 
 def tiny_model(attn="orthros", seed=0, dtype=torch.float64, **overrides):
-    """A tiny model in eval mode, its weights drawn in dtype (float64: what float32 cannot hold), scale-offsets moved."""
+    """A tiny model in eval mode, its weights drawn in dtype (float64: what float32 cannot hold), vectors and conv moved."""
     config = orthros.OrthrosConfig(**{**dict(vocab_size=37, n_layer=2, n_head=2, n_embd=16, window=4, attn=attn,
                                              max_seq_len=512), **overrides})
     default = torch.get_default_dtype()
@@ -540,11 +567,21 @@ def tiny_model(attn="orthros", seed=0, dtype=torch.float64, **overrides):
         model = orthros.Orthros(config).eval()
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if name.rsplit(".", 1)[-1] in orthros.SCALE_OFFSETS or name.endswith("conv.weight"):
+                if p.dim() == 1 or name.endswith("conv.weight"):
                     p.add_(0.5 * torch.randn_like(p))
     finally:
         torch.set_default_dtype(default)
     return model
+
+
+# The zoo: a tiny model for each option of orthros.py, (name, tiny_model's overrides, dtype). Every checker that takes a
+# model runs cases on each member, so a new option reaches every exercise as one more member here.
+LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)
+ZOO = [("the original", {}, None),
+       ("Llama-like: untied head, n_head=4 with n_kv_head=2 (GQA), SwiGLU, Q/K/V biases, norm_eps=1e-5, rope_base=500000.0, "
+        "llama3 RoPE scaling", dict(tie_embeddings=False, n_head=4, n_kv_head=2, mlp="swiglu", mlp_hidden=40, qkv_bias=True,
+                                    norm_eps=1e-5, rope_base=500000.0, rope_scaling=LLAMA3), None),
+       ("scale_offset=False (the paper's w/o SO)", dict(scale_offset=False), None), ("the original", {}, torch.bfloat16)]
 
 
 def tokens(B, T, vocab=37, seed=0):
@@ -556,8 +593,9 @@ def randn(*shape, seed=0):
 
 
 @contextlib.contextmanager
-def handed_to_blocks(model, B, rows, T, why):
-    """Check what the answer hands each block before the block runs: z of shape (B, rows, C) (rows None: any), and T."""
+def handed_to_blocks(model, B, rows, T, why, positions):
+    """Check what the answer hands each block before the block runs: z of shape (B, rows, C) (rows None: any), T, and
+    the RoPE tables (cos, sin) of positions(rows of z), as the model's forward makes them (its dtype, base, scaling)."""
     def check(block, args, kwargs):
         given = inspect.signature(block.forward).bind(*args, **kwargs).arguments
         z, i = given.get("z"), list(model.blocks).index(block)
@@ -567,6 +605,12 @@ def handed_to_blocks(model, B, rows, T, why):
         if given.get("T") != T:
             raise Wrong(f"your code hands block {i} T={given.get('T')!r}, expected {T}: T counts the base tokens, the "
                         f"first T rows of z ({why})")
+        at, c = positions(z.size(1)), model.config
+        right = orthros.rope_cos_sin(at.to(z.device), c.n_embd // c.n_head, c.rope_base, model.wte.weight.dtype, c.rope_scaling)
+        wrong = difference(given.get("rope"), right, "the RoPE tables (cos, sin)")
+        if wrong:
+            raise Wrong(f"your code hands block {i} RoPE tables that are not those of the positions {short(at.tolist(), 60)} "
+                        f"(in the model's dtype, by its config's rope_base and rope_scaling): {wrong}")
     hooks = [block.register_forward_pre_hook(checker_hook(check), with_kwargs=True) for block in model.blocks]
     try:
         yield

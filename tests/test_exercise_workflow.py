@@ -1,16 +1,23 @@
 """A student's workflow: `start N` copies the stub into exercises/mine/, `check N` checks that copy (and says so when an
 answer was written in place); a teacher's `new NAME` writes an exercise's three files. The exercise tests stay green
-whatever the student's files hold, committed or not, with a new exercise added by its three files."""
+whatever the student's files hold, committed or not, with a new exercise added by its three files, and with orthros.py's
+locals renamed."""
 
+import contextlib
+import inspect
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
+import test_exercises
 
 import exercises.__main__ as cli
+import orthros
 from exercises import framework
 from exercises.__main__ import main
 from exercises.framework import EXERCISES, load_spec
@@ -42,45 +49,39 @@ def test_start_copies_the_stub_and_check_reads_the_copy(mine, capsys):
     assert main(["start", "2"]) == 1 and "exists already" in capsys.readouterr().err
     assert main(["start", "all"]) == 0 and copy.read_text() == framework.solved_source(load_spec(2))
     assert sorted(p.stem for p in mine.glob("*.py")) == sorted(EXERCISES.values())
-    assert subprocess.run(["git", "check-ignore", "-q", "exercises/mine/ex01_window_mask.py"], cwd=REPO).returncode == 0
+    assert subprocess.run(["git", "check-ignore", "-q", "--no-index", "exercises/mine/ex01_window_mask.py"], cwd=REPO).returncode == 0
 
 
 @pytest.mark.parametrize("where", ["beside the stubs", "in the stub"])
 def test_an_answer_written_in_place_is_not_checked_and_check_says_so(mine, tmp_path, monkeypatch, capsys, where):
-    """An answer in exercises/exNN_*.py, or written into the stub itself, is not what `check` reads: it says so in a line."""
+    """An answer in exercises/exNN_*.py, or written into the stub itself, is not what `check` reads: it says so in a line;
+    the suite's stub test, failing on such a stub, says the same."""
     spec, stubs = load_spec(4), tmp_path / "stubs"
     shutil.copytree(framework.STUBS, stubs)
     monkeypatch.setattr(framework, "HERE", tmp_path)
-    monkeypatch.setattr(cli, "STUBS", stubs)
+    for module in (framework, cli):
+        monkeypatch.setattr(module, "STUBS", stubs)
     (tmp_path / f"{EXERCISES[4]}.py" if where == "beside the stubs" else stubs / f"{EXERCISES[4]}.py").write_text(
         framework.solved_source(spec))
     assert main(["check", "4"]) == 1
     note = [line for line in capsys.readouterr().out.splitlines() if line.startswith("NOTE:")]
     assert len(note) == 1 and "is not checked" in note[0] and f"mine/{EXERCISES[4]}.py" in note[0], note
+    with pytest.raises(AssertionError, match=re.escape(note[0])) if where == "in the stub" else contextlib.nullcontext():
+        test_exercises.test_the_untouched_stub_and_the_second_hint(4)
 
 
-def test_new_writes_an_exercises_three_files(tmp_path, monkeypatch, capsys):
-    """`new NAME` writes the stub, the stored solution and the checker of exercise max + 1, and nothing else."""
-    for name in ("STUBS", "CHECKS", "HERE"):
-        monkeypatch.setattr(framework, name, tmp_path / name.lower())
-        (tmp_path / name.lower() / ("solutions" if name == "HERE" else "")).mkdir(parents=True, exist_ok=True)
-    assert main(["new", "idle_stream"]) == 0
-    stem = f"ex{max(EXERCISES) + 1:02d}_idle_stream.py"
-    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.py")) == \
-        sorted([f"checks/{stem}", f"here/solutions/{stem}", f"stubs/{stem}"])
-
-
-def copy_of_the_repository(root, commit_all):
-    """The working tree's files in root, committed there; then every exercise solved both in exercises/mine/ (one
-    half-finished: it raises) and in place, in exercises/exNN_*.py; a twelfth exercise written as its three files alone
-    (the template `new` writes); with commit_all, all of it committed (`git commit -am "my answers"`)."""
+def copy_of_the_repository(source, root, teacher):
+    """The course as source holds it (its files, tracked or not, but a student's: exercises/mine/, exercises/exNN_*.py) in
+    root, committed there; then every exercise solved both in exercises/mine/ (one half-finished: it raises) and in place,
+    in exercises/exNN_*.py; with teacher, `new tiny_lab` (a new exercise's three files) and all of it committed, mine/
+    with `git add -f`. Returns the files git shows changed before that commit."""
     git = lambda *args: subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c",
                                         "commit.gpgsign=false", *args], cwd=root, check=True, capture_output=True, text=True)
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=source,
                             capture_output=True, text=True, check=True).stdout.split("\0")
-    for name in filter(lambda name: name and (REPO / name).is_file(), listed):
+    for name in (name for name in listed if (source / name).is_file() and not re.match(r"exercises/(mine/|ex\d\d_)", name)):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / name, root / name)
+        shutil.copy2(source / name, root / name)
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "the exercises as the class got them"]):
         git(*args)
     (root / "exercises" / "mine").mkdir()
@@ -88,28 +89,29 @@ def copy_of_the_repository(root, commit_all):
         solved = framework.solved_source(load_spec(n))
         (root / "exercises" / f"{name}.py").write_text(solved)
         (root / "exercises" / "mine" / f"{name}.py").write_text(solved.replace("    return ", "    1 / 0\n    return ", 1) if n == 3 else solved)
-    for folder, text in (("stubs", cli.STUB), ("solutions", cli.SOLUTION), ("checks", cli.CHECKER)):
-        (root / "exercises" / folder / "ex12_tiny_lab.py").write_text(text.replace("NN", "12").replace("STEM", "ex12_tiny_lab"))
-    for args in [["add", "-A"], ["commit", "-qm", "my answers"]] if commit_all else []:
+    with mock.patch.multiple(framework, HERE=root / "exercises", STUBS=root / "exercises/stubs", CHECKS=root / "exercises/checks"):
+        assert not teacher or main(["new", "tiny_lab"]) == 0
+    changed = sorted(set(git("status", "--porcelain", "--untracked-files=all").stdout.split()) - {"??"})
+    for args in [["add", "-A"], ["add", "-f", "exercises/mine"], ["commit", "-qm", "my answers"]] if teacher else []:
         git(*args)
-    return sorted(set(git("status", "--porcelain", "--untracked-files=all").stdout.split()) - {"??"})
+    return changed
 
 
-def test_the_exercise_tests_stay_green_in_a_copy_with_solutions_in_place_and_a_twelfth_exercise(tmp_path):
-    """In a copy of the repository with every exercise solved in place and in exercises/mine/, uncommitted and again
-    committed, and a twelfth exercise added by its three files alone: the exercise tests that read the files a student
-    may touch (the stubs, the command line) pass, and the twelfth exercise is listed, checked and its mutants caught."""
-    runs = {}
-    for committed in (False, True):
-        root = tmp_path / f"committed={committed}"
-        changed = copy_of_the_repository(root, committed)
-        assert changed == ([] if committed else sorted([f"exercises/{f}/ex12_tiny_lab.py" for f in ("checks", "solutions", "stubs")]
-                                                       + [f"exercises/{name}.py" for name in EXERCISES.values()]))
-        runs[committed] = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_exercises.py",
-             "tests/test_exercise_mutants.py", "-k", "stub or command_line or syllabus or ex12"], cwd=root,
-            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for committed, run in runs.items():
-        out = run.communicate(timeout=600)[0]
-        assert run.returncode == 0, f"committed={committed}:\n{out[-4000:]}"
-        assert "exercise 12: 5 of 5 mutants caught" in out, out[-2000:]
+def test_the_exercise_tests_stay_green_in_a_copy_with_solutions_in_place_and_a_new_exercise(tmp_path):
+    """In a copy with every exercise solved in place and in mine/: git shows just the answers and the three files `new`
+    writes; all committed (mine/ forced in), a copy of it holds the course alone, and the exercise tests of what a student
+    touches (stubs, command line, git's view of mine/), of the new exercise, and of exercises 1 and 8 with orthros.py's
+    locals renamed (in_window's `causal`, the blocked window's `n_blocks`) pass: checkers compare behaviour, not text."""
+    answers, root, number = [f"exercises/{name}.py" for name in EXERCISES.values()], tmp_path / "copy", max(EXERCISES) + 1
+    written = [f"exercises/{folder}/ex{number}_tiny_lab.py" for folder in ("checks", "solutions", "stubs")]
+    assert copy_of_the_repository(REPO, root, True) == sorted(answers + written)
+    assert copy_of_the_repository(root, tmp_path / "again", False) == answers
+    for fn, old, new in [(orthros.in_window, "causal", "seen"), (orthros.blocked_sliding_window_attention, "n_blocks", "count")]:
+        path, body = root / Path(inspect.getfile(fn)).relative_to(REPO), inspect.getsource(fn)
+        assert re.search(rf"\b{old}\b", body) and body in path.read_text(), (fn, old)
+        path.write_text(path.read_text().replace(body, re.sub(rf"\b{old}\b", new, body)))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_exercises.py",
+                          "tests/test_exercise_mutants.py", "tests/test_exercise_workflow.py", "-k", "stub or command_line or "
+                          "syllabus or tiny_lab or start_copies or ex01 or ex08"], cwd=root, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, timeout=600)
+    assert run.returncode == 0 and f"exercise {number}: 5 of 5 mutants caught" in run.stdout, run.stdout[-4000:]

@@ -6,7 +6,7 @@ from unittest import mock
 import torch
 
 import orthros
-from exercises.framework import SOLUTIONS, Bug, Case, Mutant, tiny_model, tokens
+from exercises.framework import Bug, Case, Mutant, tiny_model, tokens
 
 TITLE, DIFFICULTY, MINUTES = "The window mask", 1, 20
 FUNCTIONS = ("in_window", "attention_mask")
@@ -36,6 +36,8 @@ BUGS = [
         {WINDOWED: "causal & (q_pos - k_pos <= window)"}),
     Bug("a two-sided window", "|q_pos - k_pos| < w lets a query see the next w-1 keys: the future leaks in.",
         {WINDOWED: "(q_pos - k_pos).abs() < window"}),
+    Bug("the window ignored", "a window w lets query t see only keys t-w+1 ... t (eq. 4); every key <= t is window=None's "
+        "rule (eq. 5).", {f"causal if window is None else {WINDOWED}": "causal"}),
     Bug("top-left alignment", "the queries sit at the LAST n_q positions (torch.tril and SDPA's is_causal put them first): "
         "an output token or a decoded token would lose its recent keys.", {QUERIES: "torch.arange(n_q, device=device)"}),
     Bug("the distance aliased and written in place", "`distance = q_pos` names the caller's tensor: `distance -= k_pos` "
@@ -62,8 +64,9 @@ MUTANTS = [
     Mutant("attention_mask cached with functools.lru_cache: every caller shares one tensor", "changed the first mask in place",
            {"import torch\n": "import functools\n\nimport torch\n",
             "def attention_mask(": "@functools.lru_cache(maxsize=None)\ndef attention_mask("}),
+    Mutant("window=None written as 4096", "past any fixed length", {"causal if window is None else ": "", "< window)": "< (window or 4096))"}),
+    Mutant("the window dropped when n_q < n_k", "(n_q=1, n_k=2, window=1)", {"k_pos, window)\n": "k_pos, window if n_q == n_k else None)\n"}),
 ]
-ALSO_RIGHT = (SOLUTIONS / "ex01_window_mask_also.py").read_text()   # a right answer written otherwise
 WINDOW = "query t sees exactly keys t-w+1 ... t (eq. 4), every key <= t without a window (eq. 5)"
 FAR = ("t - j and w must be compared whole, however large: in int8 (-128 ... 127: even w = 128 wraps to -128), int16 "
        "(up to 32767) or float16 (exact only up to 2048), or clamped, a distance or the window stops being itself")
@@ -119,6 +122,8 @@ def cases(**options):
     yield window_case(f"{ARANGE.format(T=300)}: {PAPER}", torch.arange(300)[:, None], torch.arange(300)[None, :], 128, paper)
     yield mask_case(300, 300, 128, f": {PAPER}", paper)
     yield mask_case(10, 300, None, ": 10 output tokens attending every earlier key")
+    yield window_case("0-d positions q_pos = torch.tensor(2**40), k_pos = torch.tensor(0): a distance past any fixed length",
+                      torch.tensor(2 ** 40), torch.tensor(0), None, f"window=None has no length: {WINDOW}")
     yield logits_case("orthros", "blocked", 300, 128, 37)
     yield mask_case(1, 4096, 128, ": a decoded token at position 4095, the paper's window", f"the last query sees the last w "
                     f"keys: {WINDOW}")

@@ -2,7 +2,7 @@
 
 import torch
 
-from exercises.framework import SOLUTIONS, Bug, Case, Mutant, handed_to_blocks, tiny_model, tokens
+from exercises.framework import ZOO, Bug, Case, Mutant, handed_to_blocks, tiny_model, tokens
 from exercises.solutions import ex02_two_streams as solution
 from orthros import Orthros
 
@@ -47,14 +47,17 @@ MUTANTS = [
     Mutant("Orthros.forward kept from import time, out of sight", "your code called orthros.Orthros.forward",
            source="from orthros import Orthros\n_kept = {'forward': Orthros.forward}\n\n\n"
                   "def two_stream_logits(model, idx, t_out):\n    return _kept['forward'](model, idx, t_out=t_out)[0]\n"),
-    Mutant("the checker's expected logits imported", "is not available to your code",
-           source="from exercises.checks.ex02_two_streams import model_logits as two_stream_logits\n"),
-    Mutant("RoPE's base written in", "rope_base=500.0", {"model.config.rope_base,": "10000.0,"}),
-    Mutant("head_dim from n_layer", "n_layer=3, n_head=4", {"// model.config.n_head": "// model.config.n_layer"}),
-    Mutant("the RoPE tables in float64 whatever the model", "in float32", {"model.wte.weight.dtype)": "torch.float64)"}),
-    Mutant("the RoPE tables in float32 whatever the model (rope_cos_sin's default dtype)", "in bfloat16",
-           {", model.wte.weight.dtype)": ")"}),
-    Mutant("the logits made float64", "your logits have dtype torch.float64, expected torch.float32",
+    Mutant("RoPE's base written in", "rope_base=500000.0", {"model.config.rope_base,": "10000.0,"}),
+    Mutant("head_dim from n_layer", "n_head=4", {"// model.config.n_head": "// model.config.n_layer"}),
+    Mutant("head_dim from n_kv_head", "n_kv_head=2 (GQA)", {"// model.config.n_head": "// (model.config.n_kv_head or 2)"}),
+    Mutant("the RoPE tables in float64 whatever the model", "in bfloat16", {"model.wte.weight.dtype,": "torch.float64,"}),
+    Mutant("the RoPE tables in float32 (rope_cos_sin's default)", "float32, expected torch.float64",
+           {"model.wte.weight.dtype, model": "scaling=model"}),
+    Mutant("the RoPE scaling left out", "llama3 RoPE scaling", {", model.config.rope_scaling)": ")"}),
+    Mutant("the LM head read as the embedding (a tied model's)", "untied head",
+           {"model.lm_head(model.ln_f(z[:, T:]))": "model.ln_f(z[:, T:]) @ model.wte.weight.T"}),
+    Mutant("positions made in the weights' dtype", "past 256", {"torch.arange(T)\n": "torch.arange(T, dtype=model.wte.weight.dtype)\n"}),
+    Mutant("the logits made float64", "your logits have dtype torch.float64, expected torch.bfloat16",
            {"model.ln_f(z[:, T:]))": "model.ln_f(z[:, T:])).double()"}),
     Mutant("the embeddings made float32 and back", "about float32's rounding",
            {"x = model.wte(idx)": "x = model.wte(idx).float().to(model.wte.weight.dtype)   # float32 holds an embedding"}),
@@ -65,7 +68,6 @@ MUTANTS = [
     Mutant("the output twins not handed to the blocks as output tokens", "your code hands block 0 T=",
            {"z = block(z, T, rope)": "z = block(z, z.size(1), rope)"}),
 ]
-ALSO_RIGHT = (SOLUTIONS / "ex02_two_streams_also.py").read_text()   # a right answer written otherwise
 INVARIANT = ("the logits equal model(idx, t_out=t_out): the output tokens are copies of the last t_out embeddings at "
              "their twins' positions, and the LM head reads only them")
 ABOUT = "Orthros, 2 layers, 2 heads, C=16, w=4, random scale-offsets"
@@ -85,23 +87,19 @@ def cases(**options):
     for B in (1, 3):
         yield logits_case(model, B, 9, 4, f"{ABOUT} (a batch of {B})", f"{INVARIANT}, for every sequence of the batch")
     yield logits_case(tiny_model("orthros", seed=1, window=4), 2, 9, 4, f"{ABOUT}, other weights (seed 1)", seed=1)
-    yield logits_case(tiny_model("orthros", window=4, rope_base=500.0), 2, 9, 4, f"{ABOUT}, rope_base=500.0 (the default "
-                      "is 10000.0)", f"{INVARIANT}; RoPE turns by the model's rope_base, model.config.rope_base")
-    yield logits_case(tiny_model("orthros", window=3, n_layer=3, n_head=4, n_embd=48), 2, 10, 4, "Orthros, n_layer=3, "
-                      "n_head=4, C=48 (head_dim = C / n_head = 12), w=3", f"{INVARIANT}; the RoPE tables have head_dim = "
-                      "n_embd / n_head columns")
-    for dtype in (torch.float32, torch.bfloat16):
-        yield logits_case(model, 2, 9, 4, invariant=f"{INVARIANT}; the logits in the model's dtype, every step in it",
-                          dtype=dtype)
+    yield from [logits_case(tiny_model("orthros", **more), 2, 9, 4, f"{name}, w=4", dtype=dtype) for name, more, dtype in ZOO]
     yield logits_case(tiny_model("orthros", window=4, dropout=0.1), 2, 9, 4, f"{ABOUT}, dropout=0.1, in eval mode",
                       f"{INVARIANT}; a model in eval mode drops nothing (F.dropout drops unless told training=False)")
     yield logits_case(tiny_model("orthros", window=4, conv_kernel=3), 2, 9, 4, f"{ABOUT}, conv_kernel=3",
                       f"{INVARIANT}; the blocks convolve the base tokens themselves")
     wide = tiny_model("orthros", window=128)
     yield from [logits_case(wide, 2, 300, t_out, f"Orthros, 2 layers, 2 heads, C=16, {PAPER}") for t_out in (1, 300)]
+    yield logits_case(wide, 1, 300, 2, f"the same, positions past 256 (bfloat16 holds every integer only up to 256)",
+                      f"{INVARIANT}; positions are integers, whatever the model's dtype", torch.bfloat16)
 
 
 def logits(answer, model, idx, t_out):
     B, T = idx.shape
-    with torch.no_grad(), handed_to_blocks(model, B, T + t_out, T, "the T base tokens, then the t_out output tokens"):
+    twins = lambda rows: torch.cat([torch.arange(T), torch.arange(T - t_out, T)])   # an output token at its twin's position
+    with torch.no_grad(), handed_to_blocks(model, B, T + t_out, T, "the T base tokens, then the t_out output tokens", twins):
         return answer.two_stream_logits(model, idx, t_out)

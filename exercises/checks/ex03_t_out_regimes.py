@@ -5,12 +5,13 @@ import random
 import torch
 
 from data.sft import collate
-from exercises.framework import SOLUTIONS, Bug, Case, Mutant, tiny_model, tokens
+from exercises.framework import Bug, Case, Mutant, tiny_model, tokens
 from exercises.solutions import ex03_t_out_regimes as solution
 
 TITLE, DIFFICULTY, MINUTES = "The t_out regimes", 2, 30
 FUNCTIONS = ("smallest_t_out", "tokens_through_layers")
 REFERENCE = solution   # the stored solution: its functions
+FORBIDDEN = {collate: "data/sft.py's own t_out of a batch, which the checker compares yours with"}
 PAPER = "sequences of up to 2048 tokens"
 
 HINTS = [
@@ -43,6 +44,8 @@ MUTANTS = [
     Mutant("the checker's live count imported", "is not available to your code",
            {"    return T + t_out": "    from exercises.checks.ex03_t_out_regimes import rows_per_layer\n"
                                     "    return rows_per_layer(attn, 'SFT', T, t_out)\n    return T + t_out"}),
+    Mutant("the targets wrapped as examples for data.sft.collate", "called data.sft.collate", {FIRST: "    from data.sft import "
+           "collate\n    return collate([{'tokens': [0, *row.clamp(min=0)], 'mask': [0, *(row != IGNORE)]} for row in targets])[2]"}),
     Mutant("targets > 0 taken for the trained ones", "a response that starts with token id 0", {TRAINED: "(targets > 0)"}),
     Mutant("-100 taken for the ignore value", "-1 where nothing is trained", {TRAINED: "(targets != -100)"}),
     Mutant("T from the batch dimension", "targets of shape (B, T) = (1, 2) = [[13, 0]]",
@@ -56,7 +59,6 @@ MUTANTS = [
     Mutant("an output stream for the sliding-window baseline too", "tokens_through_layers('swa'",
            {'if attn == "orthros"': 'if attn != "transformer"'}),
 ]
-ALSO_RIGHT = (SOLUTIONS / "ex03_t_out_regimes_also.py").read_text()   # a right answer written otherwise
 
 
 REGIMES = [("pre-training", 12, 12), ("SFT", 12, 5), ("prefill", 12, 1), ("decode", 1, 1), ("pre-training", 2048, 2048),

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import torch
 
-from exercises.framework import SOLUTIONS, Bug, Case, Mutant, Wrong, describe, tiny_model, tokens, using
+from exercises.framework import ZOO, Bug, Case, Mutant, Wrong, describe, tiny_model, tokens, using
 from orthros import Orthros
 
 TITLE, DIFFICULTY, MINUTES = "Converting a Transformer", 3, 30
@@ -43,7 +43,7 @@ BUILT = "model = Orthros(config).to(transformer.wte.weight.dtype)"
 LOADED = "model.load_state_dict(transformer.state_dict(), strict=False)"
 BUGS = [
     Bug("the scale-offsets at zero", "alpha = 0 multiplies every query by 0 (uniform attention); the identity is alpha = "
-        "alpha' = 1, beta = beta' = 0.", {"alpha.fill_(1.0), block.attn.alpha_out.fill_(1.0)": "alpha.zero_(), block.attn.alpha_out.zero_()"}),
+        "alpha' = 1, beta = beta' = 0.", {"alpha.fill_(1.0), attn.alpha_out.fill_(1.0)": "alpha.zero_(), attn.alpha_out.zero_()"}),
     Bug("a sliding-window model, not Orthros", "attn='swa' keeps the window but drops the output stream's full "
         "cross-attention: set attn='orthros'.", {'attn="orthros", window=window': 'attn="swa", window=window'}),
     Bug("the Transformer's tensors shared, not copied", "assigning the Transformer's Parameters makes both models one: "
@@ -62,7 +62,7 @@ MUTANTS = [
     Mutant("orthros.py's conversion kept at import time", "holds orthros.Orthros.load_transformer_weights",
            {"    return model.train(transformer.training)": "    return model.train(transformer.training)\n\n\n"
                                                             "_load = Orthros.load_transformer_weights"}),
-    Mutant("the model made float64", "has dtype torch.float64, expected torch.float32", {BUILT: "model = Orthros(config).double()"}),
+    Mutant("the model made float64", "has dtype torch.float64, expected torch.bfloat16", {BUILT: "model = Orthros(config).double()"}),
     Mutant("the Transformer cast to float64 in place", "changed its input `transformer`",
            {BUILT: "model = Orthros(config).double()", LOADED: "model.load_state_dict(transformer.double().state_dict(), strict=False)"}),
     Mutant("the Transformer put in eval mode", "`transformer.training` was True, now False",
@@ -80,12 +80,14 @@ MUTANTS = [
                     "    return model"}),
     Mutant("the weights copied through a float32 model", "about float32's rounding",
            {BUILT: "model = Orthros(config)", "return model.train(": "return model.to(transformer.wte.weight.dtype).train("}),
-    Mutant("the model in float64 or else float32", "expected torch.bfloat16",
-           {BUILT: "model = Orthros(config)\n    if transformer.wte.weight.dtype == torch.float64:\n        model.double()"}),
+    Mutant("the LM head tied to the embedding", "untied head", {LOADED: LOADED + "\n    model.lm_head.weight = model.wte.weight"}),
+    Mutant("only the matrices copied", "ln_1.weight", {LOADED: "for name, w in transformer.state_dict().items():\n        if "
+                                                        "w.dim() == 2:\n            model.get_parameter(name).data.copy_(w)"}),
+    Mutant("requires_grad_(False) to fill them in place", "requires_grad", {"with torch.no_grad():": "if model.requires_grad_(False):"}),
+    Mutant("the scale-offsets filled whatever the config", "scale_offset=False", {" if block.attn.scale_offset)": ")"}),
     Mutant("convert cached with functools.lru_cache: one model for every call", "the first model changed in place",
            {"def convert(": "@__import__('functools').lru_cache(maxsize=None)\ndef convert("}),
 ]
-ALSO_RIGHT = (SOLUTIONS / "ex05_conversion_also.py").read_text()   # a right answer written otherwise
 OTHER = dict(seed=2, vocab_size=41, n_layer=3, n_head=4, n_embd=48, rope_base=500.0, dropout=0.1, swa_impl="dense",
              max_seq_len=300)
 ABOUT = "another Transformer, in train mode: " + ", ".join(f"{k}={v!r}" for k, v in OTHER.items())
@@ -105,8 +107,9 @@ def cases(**options):
                       window=4), converted_twice, "each call returns a new model: training the first converted model "
                       "changes no later one", output="your second model's state dict"))
     # One dimension at a time, each named in the case: what an answer could have written in
-    found += [structure(transformer, 4, dtype=dtype)[1] for dtype in (torch.float32, torch.bfloat16)]
-    found.append(logits_case(transformer, "the Transformer", 32, idx, 5, dtype=torch.float32))
+    for name, more, dtype in ZOO:
+        member = tiny_model("transformer", window=32, **more)
+        found += structure(member, 4, f"{name}, a Transformer", dtype) + [logits_case(member, name, 4, idx, 24, dtype)]
     found.append(logits_case(other, ABOUT, 5, tokens(3, 24, vocab=41), 24))
     return found + [logits_case(transformer, "the Transformer", 128, tokens(2, 300), 300)]   # the paper's window, T = 300
 
@@ -123,7 +126,10 @@ def structure(transformer, window, about="the Transformer", dtype=None):
                  "state dict", invariant="every Transformer weight copied exactly, under its own name, in its dtype"),
             case("the converted model's scale-offsets (the names the Transformer lacks)", lambda model, t: {
                 k: w for k, w in model.state_dict().items() if k not in t.state_dict()}, output="your model's scale-offsets",
-                invariant="the scale-offsets start at the identity, alpha = alpha' = 1, beta = beta' = 0")]
+                invariant="the scale-offsets start at the identity, alpha = alpha' = 1, beta = beta' = 0"),
+            case("{name: p.requires_grad for name, p in model.named_parameters()}", lambda model, t: {
+                name: p.requires_grad for name, p in model.named_parameters()}, output="what of your model trains",
+                invariant="every parameter of the converted model trains, as the Transformer's did")]
 
 
 def logits_case(model, what, window, idx, t_out, dtype=None):

@@ -4,7 +4,7 @@ import functools
 
 import torch
 
-from exercises.framework import SOLUTIONS, Bug, Case, Mutant, change, describe, short, tiny_model, tokens
+from exercises.framework import ZOO, Bug, Case, Mutant, change, describe, short, tiny_model, tokens
 from exercises.solutions import ex06_reach as solution
 
 TITLE, DIFFICULTY, MINUTES = "How far each stream can see", 3, 30
@@ -41,6 +41,8 @@ BUGS = [
         "sees the tokens after t.", {"before = model(idx)[0][:, t]": "before = model(idx)[0][:, -1]", AFTER: "model(other)[0][:, -1]"}),
 ]
 MUTANTS = [
+    Mutant("a random other token, from a seeded generator (the draw can repeat the token)", "position 7 is missing", {PERTURBED:
+           "torch.randint(0, model.config.vocab_size, (), generator=g)", "changed = []": "changed, g = [], torch.Generator().manual_seed(16)"}),
     Mutant("the token set to 0, not changed", "position 6 is missing", {PERTURBED: "0"}),
     Mutant("token + 1 without the modulo", "IndexError", {PERTURBED: "other[0, j] + 1"}),
     Mutant("the tiny model's vocabulary hard-coded (% 37)", "IndexError", {PERTURBED: "(other[0, j] + 1) % 37"}),
@@ -64,17 +66,16 @@ MUTANTS = [
     Mutant("the stored solution imported at the top", "does not import: ImportError",
            source="from exercises.solutions.ex06_reach import positions_that_change, swa_reach\n"),
 ]
-ALSO_RIGHT = (SOLUTIONS / "ex06_reach_also.py").read_text()   # a right answer written otherwise
 # (attn, n_layer, window, T, t, what else): every dimension an answer could hard-code varies: the depth and the window
 # (one not dividing T), the vocabulary (token vocab_size - 1 is planted at t, token 0 at t - 1: a perturbation must
 # change both), heads, rope_base, seed, float32, the convolution, t = 0, influences faint enough that only float64 sees them
 POSITIONS = [
     ("swa", 1, 2, 8, 7, {}), ("swa", 1, 3, 8, 5, dict(vocab_size=11, seed=1)), ("orthros", 1, 2, 8, 7, {}),
-    ("orthros", 3, 2, 9, 0, {}), ("transformer", 2, 3, 10, 9, {}), ("swa", 3, 2, 10, 9, dict(faint=0.1)),
+    ("orthros", 3, 2, 9, 0, {}), ("transformer", 2, 3, 10, 9, {}), ("swa", 3, 2, 10, 9, dict(faint=0.01)),
     ("swa", 3, 2, 10, 9, dict(faint=1e-4)), ("swa", 2, 3, 12, 11, dict(n_head=4, rope_base=500.0)),
     ("orthros", 2, 3, 12, 8, dict(dtype=torch.float32, seed=2)), ("swa", 2, 3, 14, 13, dict(conv_kernel=3)),
     ("swa", 3, 4, 16, 12, dict(n_head=4, dtype=torch.float32, seed=3)),
-]
+    *(("orthros", 2, 2, 8, 6, dict(more, dtype=dtype)) for _, more, dtype in ZOO)]
 FAINT = "; far positions move the logits at t only faintly here: a faint change, but not zero, is a change"
 FAINTER = "; far positions move the logits at t below float32's resolution here: compare in the model's own dtype"
 # (n_layer, window): first (2, 2), where the bug L*w (4) fails unlike L*w - 1 or L(w-1) + 1 (3); last, the paper's
@@ -108,7 +109,7 @@ def cases(**options):
                             ([f"each attention's output projection scaled by {faint}"] if faint else []))
         planted = (f"token 0 at position {t - 1}, " if t else "") + f"token {vocab - 1} (= vocab_size - 1) at position {t}"
         yield Case(f"positions_that_change(model, idx, t={t}): attn={attn!r}, {details}; idx of shape (1, {T}) with {planted}",
-                   dict(model=model, idx=idx, t=t), "positions_that_change", INVARIANT + (FAINT if faint == 0.1 else
+                   dict(model=model, idx=idx, t=t), "positions_that_change", INVARIANT + (FAINT if faint == 0.01 else
                    FAINTER if faint else ""), compare=compared, dtype=dtype, output="your positions")
 
 

@@ -7,7 +7,7 @@ from unittest import mock
 
 import torch
 
-from exercises.framework import SOLUTIONS, Bug, Case, Mutant, change
+from exercises.framework import Bug, Case, Mutant, change
 from exercises.solutions import ex07_prefill_flops as solution
 from orthros import Orthros, OrthrosConfig
 from perf import flops
@@ -27,7 +27,7 @@ HINTS = [
     "attended_pairs, no window: the last n_q queries sit at T-n_q ... T-1 and see t + 1 keys each: an arithmetic "
     "series, n_q terms from T-n_q+1 up to T. With a window: the first min(w, T) queries see 1, 2, ... keys (a "
     "triangle), every later one exactly w. Integers only: // not /.\n"
-    "prefill_flops, per layer: (tokens through the layer) x 10 C^2 x 2, plus (base tokens) x 2 C^2 x 2 for W_K, W_V, "
+    "prefill_flops, per layer, in FLOPs: (tokens through the layer) x 20 C^2, plus (base tokens) x 4 C^2 for W_K, W_V, "
     "plus 4 C per attended pair; the pairs are causal for the Transformer, windowed for SWA and Orthros's base tokens,"
     " plus the one output query's full row for Orthros. Times n_layer, plus 2 C V for the LM head at the one position "
     "with logits.",
@@ -46,6 +46,8 @@ BUGS = [
         "first w queries), and with w > T no query has w.", {WINDOWED: "return T * window"}),
     Bug("W_K, W_V on the output token too", "keys and values come from base tokens only: the output token pays W_Q, W_O "
         "and the MLP (10 C^2), not W_K, W_V.", {TOKENWISE: "tokenwise = 2 * 12 * C * C * n_tokens"}),
+    Bug("the matrices' multiply-adds counted as FLOPs", "a C x C matrix costs a token C^2 multiply-adds, 2 C^2 FLOPs: 20 C^2 "
+        "and 4 C^2 FLOPs a token, not 10 C^2 and 2 C^2.", {TOKENWISE: "tokenwise = 10 * C * C * n_tokens + 2 * C * C * T"}),
     Bug("the LM head on all T tokens", "prefill returns logits at the last position only (t_out = 1): 2 C V, not 2 C V T.",
         {"+ 2 * C * V": "+ 2 * C * V * T"}),
 ]
@@ -69,7 +71,6 @@ MUTANTS = [
             'if cfg.attn == "orthros":\n': 'if cfg.attn != "transformer":\n'}),
     Mutant("the LM head left out", "as cfg.vocab_size goes from 37 to 38", {" + 2 * C * V": ""}),
 ]
-ALSO_RIGHT = (SOLUTIONS / "ex07_prefill_flops_also.py").read_text()   # a right answer written otherwise
 SIZES = {"tiny (2 x 16, 2 heads, w=4, V=37)": OrthrosConfig(vocab_size=37, n_layer=2, n_head=2, n_embd=16, window=4),
          "odd (3 x 48, 4 heads, w=7, V=101)": OrthrosConfig(vocab_size=101, n_layer=3, n_head=4, n_embd=48, window=7),
          "bench --tiny (2 x 128, 2 heads, w=16, V=4096)": OrthrosConfig(vocab_size=4096, n_layer=2, n_head=2, n_embd=128, window=16),

@@ -7,8 +7,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import orthros
-from exercises.framework import (SOLUTIONS, Bug, Case, Mutant, Wrong, difference, randn, tensor_difference, tiny_model,
-                                 tokens)
+from exercises.framework import TOLERANCE, Bug, Case, Mutant, Wrong, difference, randn, tensor_difference, tiny_model, tokens
 
 TITLE, DIFFICULTY, MINUTES = "The sliding window in O(T w)", 4, 50
 FUNCTIONS = ("blocked_sliding_window_attention",)
@@ -79,11 +78,18 @@ MUTANTS = [
             "torch.arange(2 * w, device=q.device)": "torch.arange(2 * w)"}),
     Mutant("q.view when T is whole blocks", "view size is not compatible",
            {"q = F.pad(q, (0, 0, 0, pad)).reshape(": "q = (F.pad(q, (0, 0, 0, pad)) if pad else q).view("}),
+    Mutant("the softmax written out, without subtracting each row's max", "magnitude 1000",
+           {ATTEND: "    weights = (q @ k.transpose(-2, -1) / math.sqrt(D)).exp() * mask\n"
+                    "    y = F.dropout(weights / weights.sum(-1, keepdim=True), dropout_p) @ v"}),
+    Mutant("a shortcut for w >= T that forgets dropout", "window=8, dropout_p=0.5)", {SHAPES: SHAPES + "    if window >= T:"
+           "   # one block: plain causal attention\n        return F.scaled_dot_product_attention(q, k, v, is_causal=True)\n"}),
+    Mutant("the attention in float32, for bfloat16's sake", "does a step run in another dtype?",
+           {SHAPES: "    dtype = q.dtype\n    q, k, v = q.float(), k.float(), v.float()   # bfloat16 is too coarse\n" + SHAPES,
+            "[:, :, :T]": "[:, :, :T].to(dtype)"}),
     Mutant("the band mask remembered per size, whatever the device", "after the same T and w on the CPU",
            {"\ndef blocked_": "\n_BANDS = {}   # one band mask per size\n\n\ndef blocked_",
             MASK: "mask = _BANDS.setdefault((n_blocks, w), in_window(q_pos, k_pos, w) & (k_pos >= 0))"}),
 ]
-ALSO_RIGHT = (SOLUTIONS / "ex08_blocked_window_also.py").read_text()   # a right answer written otherwise
 SIZES = [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (3, 8), (8, 4), (9, 4), (21, 8), (32, 8), (64, 64), (100, 7)]
 EQ4 = "equal to orthros.reference_attention: query t attends exactly keys t-w+1 ... t (eq. 4)"
 # (T, w, (B, H, D), dtype, views), after SIZES: another shape, float32, bfloat16, inputs that are views (as the model's
@@ -104,11 +110,14 @@ def cases(**options):
         yield Case(f"{CALL.format(w)}, q, k, v of shape ({B}, {H}, {T}, {D})" + (f" {PAPER}" if w == 128 else "") +
                    (", transposed views of (B, T, H, D) tensors (not contiguous), as the model passes them" if views else ""),
                    dict(**qkv(B, H, T, D, T * 100 + w, views), window=w), explained, EQ4 + ", forward", dtype=dtype)
-    yield Case(f"{CALL.format(4)[:-1]}, dropout_p=0.5) right after torch.manual_seed(0), q, k, v of shape (2, 3, 9, 4)",
-               dict(**qkv(2, 3, 9, 4, 7), window=4, dropout_p=0.5), with_dropout,
-               "orthros.py's output under the same seed: dropout on the attention weights, the dropout_p passed on to "
-               "scaled_dot_product_attention (one call over all the blocks, (B*H, n, w, 2w) weights as in hint 2, draws the "
-               "mask orthros.py's draws)")
+    yield from [Case(f"{CALL.format(w)[:-1]}, dropout_p=0.5) right after torch.manual_seed(0), q, k, v of shape (2, 3, {T}, 4)",
+                     dict(**qkv(2, 3, T, 4, 7), window=w, dropout_p=0.5), with_dropout, "orthros.py's output under the same "
+                     "seed: dropout on the attention weights, the dropout_p passed on to scaled_dot_product_attention (one call "
+                     "over all the blocks, (B*H, n, w, 2w) weights as in hint 2, draws the mask orthros.py's draws)")
+                for T, w in ((9, 4), (8, 4), (3, 8))]
+    yield Case(f"{CALL.format(4)}, q, k, v of shape (2, 3, 9, 4), q and k of magnitude 1000 (scores in the millions)",
+               dict(**{name: x * (1000 if name in "qk" else 1) for name, x in qkv(2, 3, 9, 4, 5).items()}, window=4),
+               explained, f"{EQ4}; a softmax subtracts each row's max (exp of a large score overflows)")
     for T, w in SIZES[2::2]:
         yield Case(f"the gradients of ({CALL.format(w)} * dy).sum() with respect to q, k, v, all of shape (2, 3, {T}, 4)",
                    dict(**qkv(2, 3, T, 4, T * 100 + w, names="qkvd"), window=w), grads, EQ4 + ", backward: the same "
@@ -136,22 +145,26 @@ def explained(answer, q, k, v, window):
     out, right = answer.blocked_sliding_window_attention(q, k, v, window), orthros.reference_attention(q, k, v, window)
     problem = not difference(out, right, values=False) and tensor_difference(out, right)
     if problem:
-        raise Wrong(f"{problem}\n  what yours computes: {first_wrong_row(out, q, k, v, window)}")
+        raise Wrong(f"{problem}\n  what yours computes: {first_wrong_row(out, right, q, k, v, window)}")
     return out
 
 
-def first_wrong_row(out, q, k, v, window):
+def first_wrong_row(out, right, q, k, v, window):
     """Which keys j ... t, and which score scale, the first wrong query row t of out is the attention over, in words."""
+    atol = TOLERANCE[right.dtype]   # the first row the comparison finds wrong, at its own tolerance
+    bad = ~torch.isclose(out, right, rtol=atol if right.dtype == torch.bfloat16 else 0, atol=atol, equal_nan=True)
+    t = int(bad.flatten(0, 1).any(-1).any(0).nonzero()[0])
+    eq4 = f"eq. 4 with window={window} gives it keys {max(0, t - window + 1)} ... {t}"
     tol = {torch.float32: 1e-3, torch.bfloat16: 5e-2}.get(out.dtype, 1e-6)
     out, q, k, v = (x.detach().double() for x in (out, q, k, v))
-    t = int(((out - orthros.reference_attention(q, k, v, window)).abs().amax(dim=(0, 1, 3)) > tol).nonzero()[0])
-    right = f"eq. 4 with window={window} gives it keys {max(0, t - window + 1)} ... {t}"
     for scale, words in ((1.0, ""), (q.size(-1) ** 0.5, ", its scores scaled by 1, not 1/sqrt(D)")):
         for j in range(t + 1):
             row = orthros.reference_attention(q[:, :, t:t + 1] * scale, k[:, :, j:t + 1], v[:, :, j:t + 1])[:, :, 0]
             if (row - out[:, :, t]).abs().max() <= tol:
-                return f"query {t} (your first wrong row) is the attention over keys {j} ... {t}{words}; {right}"
-    return f"query {t} (your first wrong row) is not the attention over any keys j ... {t}; {right}"
+                return f"query {t} (your first wrong row) is the attention over keys {j} ... {t}{words}; {eq4}" + (
+                    f", but its numbers are not the reference's in {right.dtype}: does a step run in another dtype?"
+                    if j == max(0, t - window + 1) and not words else "")
+    return f"query {t} (your first wrong row) is not the attention over any keys j ... {t}; {eq4}"
 
 
 def with_dropout(answer, q, k, v, window, dropout_p):

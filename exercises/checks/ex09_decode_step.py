@@ -2,8 +2,7 @@
 
 import torch
 
-from exercises.framework import (SOLUTIONS, Bug, Case, Mutant, Wrong, describe, difference, handed_to_blocks, tiny_model,
-                                 tokens)
+from exercises.framework import ZOO, Bug, Case, Mutant, Wrong, describe, difference, handed_to_blocks, tiny_model, tokens
 from exercises.solutions import ex09_decode_step as solution
 from orthros import KVCache, Orthros, OrthrosConfig
 from perf import engine
@@ -58,14 +57,23 @@ MUTANTS = [
     Mutant("Orthros.forward captured at import", "holds orthros.Orthros.forward",
            source="from orthros import Orthros\n\n_forward = Orthros.forward\n\n\ndef decode_step(model, next_idx, cache):\n"
                   "    return _forward(model, next_idx.reshape(-1, 1), t_out=1, cache=cache)[0], cache\n"),
-    Mutant("rope_base hard-coded (10000)", "rope_base=500.0", {"model.config.rope_base,": "10000.0,"}),
-    Mutant("head_dim from n_layer", "must match the size of tensor b (8)", {"// model.config.n_head": "// model.config.n_layer"}),
+    Mutant("rope_base hard-coded (10000)", "rope_base=500000.0", {"model.config.rope_base,": "10000.0,"}),
+    Mutant("head_dim from n_layer", "expected (2, 4)", {"// model.config.n_head": "// model.config.n_layer"}),
+    Mutant("head_dim from n_kv_head", "expected (2, 4)", {"// model.config.n_head": "// (model.config.n_kv_head or model.config.n_head)"}),
+    Mutant("the RoPE scaling left out", "llama3 RoPE scaling", {", model.config.rope_scaling)": ")"}),
+    Mutant("the LM head read as the embedding (a tied model's)", "untied head", {LOGITS: "model.ln_f(z[:, -1:]) @ model.wte.weight.T"}),
+    Mutant("the position made in the weights' dtype", "past 256", {"S, device=x.device)": "S, device=x.device, dtype=model.wte.weight.dtype)"}),
+    Mutant("the RoPE tables kept per position, whatever the device", "the first run's model and sizes again",
+           {"\ndef decode_step": "\n_TABLES = {}   # the RoPE tables of each position, made once\n\n\ndef decode_step",
+            "    rope = rope_cos_sin(": "    key = (S, z.size(1), repr(model.config), model.wte.weight.dtype)\n"
+                                   "    rope = _TABLES[key] if key in _TABLES else _TABLES.setdefault(key, rope_cos_sin(",
+            "model.config.rope_scaling)": "model.config.rope_scaling))"}),
     Mutant("an output twin for SWA too", "at ['logits']", {TWINS: "z = torch.cat([x, x], dim=1)"}),
     Mutant("Orthros's output twin left out", "at ['logits']", {TWINS: "z = x"}),
-    Mutant("the logits in float64 (.double())", "your logits have dtype torch.float64, expected torch.float32",
+    Mutant("the logits in float64 (.double())", "your logits have dtype torch.float64, expected torch.bfloat16",
            {LOGITS: LOGITS + ".double()"}),
-    Mutant("the RoPE tables in float32 whatever the model (rope_cos_sin's default dtype)", "in bfloat16",
-           {",\n                        model.wte.weight.dtype)": ")"}),
+    Mutant("the RoPE tables in float32 whatever the model (rope_cos_sin's default dtype)", "dtype torch.float32, expected "
+           "torch.float64", {"model.wte.weight.dtype, model": "scaling=model"}),
     Mutant("the embedding made float32 and back", "about float32's rounding",
            {EMBED: EMBED + ".float().to(model.wte.weight.dtype)   # float32 holds an embedding"}),
     Mutant("next_idx of shape (B, 1) made (B, 1, 1, C)", "next_idx of shape (2, 1)", {EMBED: "x = model.wte(next_idx)[:, None]"}),
@@ -76,21 +84,18 @@ MUTANTS = [
     Mutant("the convolution's state dropped each step", "conv_state",
            {BLOCK: "layer_cache.conv_state = None   # a fresh start for the new token\n            " + BLOCK}),
     Mutant("cache.length not advanced", "at ['cache.length']: yours 12, the reference 13", {"        cache.length = S + 1\n": ""}),
-    Mutant("the positions made on the CPU", "is not on the expected device meta", {"device=x.device)": "device='cpu')"}),
+    Mutant("the positions made on the CPU", "is on cpu, expected meta", {"device=x.device)": "device='cpu')"}),
 ]
-ALSO_RIGHT = (SOLUTIONS / "ex09_decode_step_also.py").read_text()   # a right answer written otherwise
 OTHER = dict(n_layer=3, n_head=4, n_embd=24, window=3, rope_base=500.0, dropout=0.1, vocab_size=50, conv_kernel=2,
              seed=1)
-MODELS = [   # (name, attn, overrides, dtype)
-    ("attn='orthros'", "orthros", {}, None), ("attn='orthros', conv_kernel=3", "orthros", dict(conv_kernel=3), None),
-    ("attn='swa'", "swa", {}, None), ("attn='transformer'", "transformer", {}, None),
-    ("attn='orthros', rope_base=500.0", "orthros", dict(rope_base=500.0), None),
-    ("attn='orthros', " + ", ".join(f"{k}={v!r}" for k, v in OTHER.items()), "orthros", OTHER, None),
-    *(("attn='orthros', seed 2", "orthros", dict(seed=2), dtype) for dtype in (torch.float32, torch.bfloat16))]
-T = 13
-# (p, models, batch, next_idx as (B, 1)): the fewest decode steps first
-RUNS = [(12, range(8), 2, False), (12, [0], 2, True), (12, [0], 1, False), (11, [5], 3, True), (4, range(7), 2, False),
-        (1, [0], 2, False)]
+MODELS = [   # (name, attn, overrides, dtype): the zoo's members as Orthros models, then the other attentions and options
+    *((f"attn='orthros', {name}", "orthros", more, dtype) for name, more, dtype in ZOO),
+    ("attn='orthros', conv_kernel=3", "orthros", dict(conv_kernel=3), None), ("attn='swa'", "swa", {}, None),
+    ("attn='transformer'", "transformer", {}, None),
+    ("attn='orthros', " + ", ".join(f"{k}={v!r}" for k, v in OTHER.items()), "orthros", OTHER, None)]
+# (p, models, batch, next_idx as (B, 1), T): the fewest decode steps first (the last model: OTHER); then positions past 256
+RUNS = [(12, range(len(MODELS)), 2, False, 13), (12, [0], 2, True, 13), (12, [0], 1, False, 13), (11, [-1], 3, True, 13),
+        (4, range(len(MODELS) - 1), 2, False, 13), (1, [0], 2, False, 13), (257, [len(ZOO) - 1], 1, False, 261)]
 PAPER_SIZE = dict(n_layer=2, n_embd=768, n_head=6, vocab_size=50304, window=128)   # 2 of its 12 layers: meta is slow
 ONE_TOKEN = "one new token per sequence: z is (B, rows, C), its base twin the first row"
 INVARIANT = ("train == decode: after the steps the cache (compared first: cache.length, the next token's position, then "
@@ -101,19 +106,21 @@ INVARIANT = ("train == decode: after the steps the cache (compared first: cache.
 
 def cases(**options):
     models = [tiny_model(attn, **{"seed": 0, **more}) for _, attn, more, _ in MODELS]
-    for p, which, B, column in RUNS:
+    for p, which, B, column, T in RUNS:
         for i in which:
             (name, _, _, dtype), c = MODELS[i], models[i].config
             yield Case(f"prefill(idx[:, :{p}]), then {T - p} decode_step(s) with the tokens idx[:, {p}:], each as next_idx "
                        f"of shape {f'({B}, 1)' if column else f'({B},)'}; idx of shape ({B}, {T}), {name}, w={c.window}, "
-                       f"{c.n_layer} layers", dict(model=models[i], idx=tokens(B, T, seed=B), p=p, column=column), decoded,
+                       f"{c.n_layer} layers" + (", positions past 256 (bfloat16 holds every integer only up to 256)" if
+                       T > 256 else ""), dict(model=models[i], idx=tokens(B, T, seed=B), p=p, column=column), decoded,
                        INVARIANT, expected=trained, dtype=dtype, output="your steps' result")
     with torch.device("meta"):   # the paper's widths on meta: shapes, no values (and no memory)
         paper = Orthros(OrthrosConfig(**PAPER_SIZE)).eval()
-    yield Case(f"prefill(idx[:, :300]), then a decode_step on the meta device: 2 layers at {PAPER}, next_idx of shape (2,)",
-               lambda: dict(model=paper, idx=torch.zeros(2, 301, dtype=torch.long), p=300, column=False), decoded,
-               "the logits (B, 1, vocab) and the cache made where the model is (here: meta, where only shapes exist)",
-               expected=trained, device="meta", output="your steps' result")
+    for model, p, about in [(models[0], 12, "the first run's model and sizes again"), (paper, 300, f"2 layers at {PAPER}")]:
+        yield Case(f"prefill(idx[:, :{p}]), then a decode_step on the meta device (shapes, no values): {about}, next_idx of "
+                   "shape (2,)", lambda model=model, p=p: dict(model=model, idx=torch.zeros(2, p + 1, dtype=torch.long), p=p,
+                   column=False), decoded, "the logits (B, 1, vocab) and the cache made where the model is (here: meta; "
+                   "nothing made for the CPU fits)", expected=trained, device="meta", output="your steps' result")
 
 
 def decoded(answer, model, idx, p, column):
@@ -121,7 +128,7 @@ def decoded(answer, model, idx, p, column):
     run: the cache after them, and each step's logits."""
     (B, T), full, (_, cache), steps = idx.shape, model(idx)[0].detach(), model.prefill(idx[:, :p]), []
     for t in range(p, T):
-        with handed_to_blocks(model, B, None, 1, ONE_TOKEN):
+        with handed_to_blocks(model, B, None, 1, ONE_TOKEN, lambda rows, S=cache.length: torch.full((rows,), S)):
             step = answer.decode_step(model, idx[:, t:t + 1] if column else idx[:, t], cache)
         if not isinstance(step, tuple) or len(step) != 2 or not isinstance(step[1], KVCache):
             raise Wrong(f"your decode_step returned {describe(step)}, expected (logits, cache), the cache a KVCache")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from checkpoint import load_checkpoint, save_checkpoint
 from data.prepare_utils import find_dataset
-from exercises.framework import REPO, SOLUTIONS, Bug, Case, Mutant, NotReady, Wrong, short
+from exercises.framework import REPO, Bug, Case, Mutant, NotReady, Wrong, short
 from exercises.solutions import ex10_recall_lab as solution
 
 TITLE, DIFFICULTY, MINUTES = "The recall lab", 4, 30
@@ -49,27 +49,27 @@ BUGS = [
 ]
 MUTANTS = [
     Mutant("hits truncated by int()", "each bucket's hits truncated by int()", {POOLED: 'sum(int(r["accuracy"] * r["n"]) for r in chosen)'}),
-    Mutant("recall_tiny's window hard-coded (32) for inside", "of the buckets 1-3, 3-4, 4-6, 6-8, 8-16", {"hi <= w)": "hi <= 32)"}),
+    Mutant("recall_tiny's window hard-coded (32) for inside", "of the buckets 1-3, 3-4, 4-5, 5-6, 6-7, 7-8, 8-16;", {"hi <= w)": "hi <= 32)"}),
     Mutant("n_layer read from n_head", "of the buckets 16-33", {REACH: ', config["n_head"] * config["window"]'}),
     Mutant("beyond: lo > n_layer * window", "of the buckets 16-33", {"lo >= reach": "lo > reach"}),
     Mutant("inside: hi < window", "of the buckets 1-3; the reference pools the buckets with hi <= window = 4", {"hi <= w)": "hi < w)"}),
-    Mutant("exercise 6's reach, n_layer * (window - 1)", "of the buckets 6-8, 8-16, 16-33",
+    Mutant("exercise 6's reach, n_layer * (window - 1)", "of the buckets 6-7, 7-8, 8-16, 16-33;",
            {REACH: ', config["n_layer"] * (config["window"] - 1)'}),
+    Mutant("inside: hi - 1 <= window", "of the buckets 1-3, 3-4, 4-5;", {"hi <= w)": "hi - 1 <= w)"}),
+    Mutant("beyond: lo > n_layer * (window - 1)", "of the buckets 7-8, 8-16, 16-33;",
+           {"lo >= reach)": 'lo > config["n_layer"] * (w - 1))'}),
     Mutant("attn guessed from the folder's name", "at ['attn']: yours 'orthros', the reference 'swa'",
            {'"attn": config["attn"]': '"attn": "swa" if "swa" in str(run_dir) else "orthros"'}),
     Mutant("the stored solution imported", "is not available to your code",
            source="def recall_summary(run_dir):\n    from exercises.solutions.ex10_recall_lab import recall_summary\n"
                   "    return recall_summary(run_dir)\n"),
-    Mutant("the known bugs' code reused", "does not import: ImportError",
-           source="from exercises.checks.ex10_recall_lab import BUGS\n\nrecall_summary = BUGS[0]\n"),
 ]
-ALSO_RIGHT = (SOLUTIONS / "ex10_recall_lab_also.py").read_text()   # a right answer written otherwise
 
 
-# Made-up runs: n_layer != n_head; buckets at the edges hi = w and lo = n_layer * w, one across w; accuracies whose hits
-# (accuracy * n) truncate under int() (0.29 * 100 = 28.999...); the paper's window and depth. (attn, w, L, H, buckets)
-MADE_UP = [("swa", 4, 2, 4, {"1-3": (100, 0.97), "3-4": (100, 0.9), "4-6": (100, 0.55), "6-8": (100, 0.21), "8-16": (50, 0.1),
-                             "16-33": (150, 0.04)}),
+# Made-up runs (attn, w, L, H, buckets): L != H; a bucket at each distance from w to L w (where rules a step off near w, or
+# L off near L w, differ), one across w; hits that truncate under int() (0.29 * 100 = 28.999...); the paper's w and L.
+MADE_UP = [("swa", 4, 2, 4, {"1-3": (100, 0.97), "3-4": (100, 0.9), "4-5": (100, 0.6), "5-6": (100, 0.5), "6-7": (100, 0.3),
+                             "7-8": (100, 0.2), "8-16": (50, 0.1), "16-33": (150, 0.04)}),
            ("swa", 3, 4, 2, {"1-2": (100, 0.29), "2-4": (100, 0.57), "4-5": (100, 0.58), "5-12": (300, 0.11),
                              "12-20": (100, 0.07), "20-41": (100, 0.29)}),
            ("orthros", 8, 3, 2, {"1-8": (40, 1.0), "8-16": (100, 0.9), "16-32": (120, 0.95), "32-64": (60, 0.75),

@@ -14,7 +14,7 @@ def two_stream_logits(model, idx, t_out):
     positions = torch.arange(T)
     positions = torch.cat([positions, positions[T - t_out:]])  # an output token sits at its twin's position
     head_dim = model.config.n_embd // model.config.n_head
-    rope = rope_cos_sin(positions, head_dim, model.config.rope_base, model.wte.weight.dtype)
+    rope = rope_cos_sin(positions, head_dim, model.config.rope_base, model.wte.weight.dtype, model.config.rope_scaling)
     for block in model.blocks:                               # Alg. 2, lines 3-8
         z = block(z, T, rope)
     return model.lm_head(model.ln_f(z[:, T:]))               # lines 9-10: the output tokens only

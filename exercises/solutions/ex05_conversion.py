@@ -16,8 +16,8 @@ def convert(transformer, window):
     # Every Transformer weight has a twin of the same name and shape; the scale-offsets are the
     # only names the Transformer lacks, and load_state_dict(strict=False) leaves them alone.
     model.load_state_dict(transformer.state_dict(), strict=False)  # copies, never shares
-    with torch.no_grad():
-        for block in model.blocks:  # identity: q = 1 * (x W_Q) + 0, in both streams
-            block.attn.alpha.fill_(1.0), block.attn.alpha_out.fill_(1.0)
-            block.attn.beta.zero_(), block.attn.beta_out.zero_()
+    with torch.no_grad():  # identity: q = 1 * (x W_Q) + 0, in both streams (none in the w/o SO ablation)
+        for attn in (block.attn for block in model.blocks if block.attn.scale_offset):
+            attn.alpha.fill_(1.0), attn.alpha_out.fill_(1.0)
+            attn.beta.zero_(), attn.beta_out.zero_()
     return model.train(transformer.training)

@@ -1,7 +1,16 @@
-"""Exercise 7, the stored solution: perf/flops.py's own attended_pairs (`solution 7 --show` writes it out), and
-prefill_flops."""
+"""Exercise 7, the stored solution: perf/flops.py's attended_pairs, copied (the check compares a student's with
+perf/flops.py's own, live, and this copy passes it), and prefill_flops."""
 
-from perf.flops import attended_pairs
+
+def attended_pairs(T, window=None, n_q=None):
+    """Number of (query, key) pairs a causal attention over T positions computes, for its last
+    n_q queries (default all T), each seeing at most `window` keys (None = all keys <= itself)."""
+    n_q = T if n_q is None else n_q
+    if window is None:  # query at position t sees t + 1 keys, for t = T - n_q .. T - 1
+        return n_q * T - n_q * (n_q - 1) // 2
+    assert n_q == T, "windowed attention runs over whole sequences"
+    w = min(window, T)  # the first w queries see 1, 2, ..., w keys; every later one sees w
+    return w * (w + 1) // 2 + (T - w) * window
 
 
 def prefill_flops(cfg, T):

@@ -14,7 +14,7 @@ def decode_step(model, next_idx, cache):
     S = cache.length                                          # positions 0 ... S-1 are in the cache
     position = torch.full((z.size(1),), S, device=x.device)   # both twins sit at the new position S
     rope = rope_cos_sin(position, model.config.n_embd // model.config.n_head, model.config.rope_base,
-                        model.wte.weight.dtype)
+                        model.wte.weight.dtype, model.config.rope_scaling)
     with torch.no_grad():
         for block, layer_cache in zip(model.blocks, cache.layers):
             z = block(z, 1, rope, layer_cache)                # T = 1 base token; appends its k, v: S + 1 keys

@@ -20,7 +20,7 @@ def in_window(q_pos, k_pos, window):
     """May a query at position q_pos attend a key at k_pos?
 
     q_pos, k_pos: integer tensors that broadcast against each other, e.g. (n_q, 1) and (1, n_k).
-    window: w (an int >= 1), or None for full causal attention (eq. 5).
+    window: w (an int >= 1), or None for full causal attention (eq. 5), at any distance.
     Returns a bool tensor of the broadcast shape: True where the key is causal (k_pos <= q_pos)
     and, with a window, among the w most recent positions t-w+1 ... t.
     """

@@ -7,14 +7,17 @@ pass from the modules of a trained (here: random) model, without calling the mod
     model.blocks         the layers; block(z, T, rope) -> z: z is (B, T + t_out, C), the T base
                          tokens first, then the t_out output tokens; rope = (cos, sin) at the
                          positions of z's rows
-    rope_cos_sin(positions, head_dim, base, dtype) -> (cos, sin)   (from orthros; head_dim = C / n_head,
-                         base = model.config.rope_base, dtype = the weights' dtype)
-    model.ln_f, model.lm_head    the final norm and the LM head
+    rope_cos_sin(positions, head_dim, base, dtype, scaling) -> (cos, sin)   (from orthros; head_dim =
+                         C / n_head, base = model.config.rope_base, dtype = the weights' dtype,
+                         scaling = model.config.rope_scaling; positions: integers, 0 ... T-1)
+    model.ln_f, model.lm_head    the final norm and the LM head (its own matrix, or wte's)
 
-The checker compares your logits with model(idx, t_out=t_out) for many T and t_out, and on models
-of other sizes, seeds, rope_base and dtypes (float64 to 1e-12, float32, bfloat16): take every size
-from the model. The model is in eval mode: leave dropout out. Calling the model itself (model(...),
-model.forward, prefill, decode, generate) is refused while your code runs: build the pass.
+The checker compares your logits with model(idx, t_out=t_out) for many T and t_out, on models of
+other sizes, seeds and rope_base, with every option orthros.py has (an untied head, grouped-query
+attention, SwiGLU, Llama 3 RoPE scaling, bfloat16, ...), and checks the RoPE tables you hand each
+block: take every size from the model. The model is in eval mode: leave dropout out. Calling the
+model itself (model(...), model.forward, prefill, decode, generate) is refused while your code
+runs: build the pass.
 
     python -m exercises start 2       (your own copy: exercises/mine/ex02_two_streams.py)
     python -m exercises check 2       python -m exercises hint 2

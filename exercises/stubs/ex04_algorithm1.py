@@ -2,21 +2,26 @@
 layer's parameters.
 
 An OrthrosAttention layer `attn` (orthros.py) holds:
-    attn.c_q, attn.c_k, attn.c_v, attn.c_proj   W_Q, W_K, W_V, W_O: nn.Linear(C, C), no bias
+    attn.c_q, attn.c_k, attn.c_v, attn.c_proj   W_Q, W_K, W_V, W_O: nn.Linear (Q, K, V may have biases)
     attn.alpha, attn.beta                       the base tokens' query scale-offset, (C,)
     attn.alpha_out, attn.beta_out               the output tokens' (alpha', beta' of the paper)
+    attn.scale_offset                           False in the paper's "w/o SO" ablation: no alphas, betas
     attn.n_head, attn.head_dim, attn.window     H, D = C / H, and w
+    attn.n_kv_head                              K, V heads: H, or fewer (grouped-query attention, GQA:
+                                                query head h reads K, V head h // (H / n_kv_head))
     attn.conv                                   None here (the optional convolution is off)
 Its input z is (B, T + t_out, C): T base tokens, then t_out output tokens. cos, sin are the
 RoPE tables (T + t_out, D) at the positions of z's rows (an output token sits at its base twin's
 position); orthros.apply_rope(x, cos, sin) rotates x: (B, H, rows, D).
 
 Write the layer's output (B, T + t_out, C) without calling attn itself. You may use
-orthros.apply_rope, orthros.attention_mask, orthros.reference_attention (lines 8-9 written out)
-and torch.nn.functional.scaled_dot_product_attention; calling the layer (attn(...), its forward,
-a Block or the model) is refused while your code runs. The checker compares yours with
+orthros.apply_rope, orthros.attention_mask, orthros.repeat_kv, orthros.reference_attention (lines
+8-9 written out) and torch.nn.functional.scaled_dot_product_attention; calling the layer (attn(...),
+its forward, a Block or the model) is refused while your code runs. The checker compares yours with
 attn(z, T, (cos, sin)) on layers whose alpha != alpha' and beta != beta', of other sizes, heads,
-windows and tables (float64 to 1e-12, float32, bfloat16): take every size from attn, z and cos.
+windows and tables, with GQA and biases, without scale-offsets, in float64 (to 1e-12) and bfloat16,
+with a large z, and on the meta device (make every tensor where z is): take every size from attn,
+z and cos.
 
     python -m exercises start 4       (your own copy: exercises/mine/ex04_algorithm1.py)
     python -m exercises check 4       python -m exercises hint 4

@@ -8,9 +8,12 @@ gives exactly the Transformer's logits.
 
 Write convert(transformer, window): a new Orthros model (config.attn = "orthros", the given
 window, everything else as in the Transformer's config) holding copies of the Transformer's
-weights, and leave the Transformer as it was. Don't call Orthros.load_transformer_weights: the
-checker refuses it while your code runs. The checker compares your model's config, weights and
-logits with the Transformer's, and with orthros.py's own conversion.
+weights, every parameter trainable, and leave the Transformer as it was. Don't call
+Orthros.load_transformer_weights: the checker refuses it while your code runs. The checker
+compares your model's config, weights and logits with the Transformer's, and with orthros.py's own
+conversion, on Transformers with every option orthros.py has: an untied LM head (lm_head is not
+wte), grouped-query attention, SwiGLU, Q/K/V biases, trained norms, Llama 3 RoPE scaling, bfloat16,
+and scale_offset=False (the paper's "w/o SO" ablation: no scale-offsets at all).
 
     python -m exercises start 5       (your own copy: exercises/mine/ex05_conversion.py)
     python -m exercises check 5       python -m exercises hint 5

@@ -2,13 +2,15 @@
 
 Prefill runs the prompt (T tokens) once and predicts one token: t_out = 1. The Transformer pays
 full causal attention over T positions; SWA and Orthros's base tokens see at most w keys each;
-Orthros adds one output token, whose query attends all T keys. Count them as perf/flops.py does:
+Orthros adds one output token, whose query attends all T keys. Count them as perf/flops.py does,
+every term in FLOPs (a multiply-add is 2 FLOPs: a C x C matrix costs one token 2 C^2 FLOPs):
 
-  one multiply-add = 2 FLOPs; per layer:
-    token-wise: W_Q, W_O (2 C^2 each token) and the MLP (8 C^2) on every token that flows
-      through the layer; W_K, W_V (2 C^2) on the T base tokens only;
-    attention: QK^T and PV, 2 * 2 * C FLOPs per (query, key) pair;
-  plus the LM head, 2 C V for each position that gets logits (prefill: 1).
+  per layer:
+    token-wise, on every token that flows through the layer: W_Q and W_O, 2 C^2 FLOPs each, and
+      the MLP's two matrices (C x 4C and 4C x C), 8 C^2 FLOPs each: 20 C^2 FLOPs a token;
+      on the T base tokens only: W_K and W_V, 2 C^2 FLOPs each: 4 C^2 FLOPs a token;
+    attention: Q K^T and P V, 2 C FLOPs each per (query, key) pair: 4 C FLOPs a pair;
+  plus the LM head (C x V): 2 C V FLOPs for each position that gets logits (prefill: 1).
   Norms, RoPE, softmax, GELU and the embedding lookup are left out.
 
 1. attended_pairs(T, window=None, n_q=None): how many (query, key) pairs a causal attention over

@@ -7,9 +7,10 @@ may see lies in block b-1 or block b, so each block attends its 2w keys through 
 (w, 2w) band mask built from orthros.in_window.
 
 The checker compares yours with the dense reference, forward and backward (float64, to 1e-12;
-float32 and bfloat16 too: keep q's dtype), on inputs that are views (as the model's q, k, v are), with dropout
-(after the same torch.manual_seed: one scaled_dot_product_attention over all the blocks draws
-orthros.py's mask), and on the meta device at the paper's sizes (make every tensor on q.device);
+float32 and bfloat16 too: keep q's dtype, every step in it), on inputs that are views (as the model's q, k, v are), on
+large q and k (a softmax subtracts each row's max), with dropout for several T and w (after the same
+torch.manual_seed: one scaled_dot_product_attention over all the blocks draws orthros.py's mask),
+and on the meta device at the paper's sizes (make every tensor on q.device);
 patches it into orthros.py and checks that whole models give the same logits, and records
 every tensor your function creates at T = 4096, w = 128: none may hold more than 8 T w elements
 (the dense (T, T) mask holds T^2 = 32 T w). orthros.py's windowed attentions (reference_attention,

@@ -2,21 +2,25 @@
 
 After model.prefill(prompt) the cache (orthros.KVCache) holds, for each layer l, a LayerCache
 cache.layers[l] with the keys and values of every position so far: .k, .v of shape
-(B, n_head, S, head_dim) after RoPE (and .conv_state, the optional convolution's state, which
+(B, n_kv_head, S, head_dim) after RoPE (n_kv_head = n_head unless the model has grouped-query
+attention; head_dim = n_embd / n_head either way) (and .conv_state, the optional convolution's state, which
 the block itself keeps); cache.length = S.
 
 One decode step appends one token per sequence. Its base twin joins the cache and does
 sliding-window attention; its output twin attends the whole cache; the LM head reads the output
 twin. Write it with the model's blocks: block(z, T, rope, layer_cache) -> z, where z holds the
-T base tokens then the output tokens, rope = (cos, sin) at the positions of z's rows, and the
-block appends its T base tokens' keys and values to layer_cache. The model's forward, prefill,
+T base tokens then the output tokens, rope = (cos, sin) at the positions of z's rows (as
+Orthros.forward makes them: orthros.rope_cos_sin with the config's rope_base and rope_scaling, in
+the weights' dtype, from integer positions), and the block appends its T base tokens' keys and values to layer_cache. The model's forward, prefill,
 decode and generate are refused while your code runs. The checker runs prefill(p) and then your
 steps, and compares the logits with ONE training forward over the whole sequence (train ==
 decode, float64, to 1e-10; float32 and bfloat16 too: keep the weights' dtype), for several p, for Orthros
 (with and without the convolution), SWA and the Transformer, models of other depths, heads and
-rope_base, batches of 1 to 3, next_idx of shape (B,) and (B, 1); after each step it checks that
-the cache keeps every position. It also runs a model of the paper's widths on the meta device: make new
-tensors where next_idx is.
+rope_base, with every option orthros.py has (an untied head, grouped-query attention, Llama 3 RoPE
+scaling, no scale-offsets), in bfloat16 at positions past 256, batches of 1 to 3, next_idx of shape
+(B,) and (B, 1); before each block runs it checks the rows, T and RoPE tables you hand it, and after
+each step that the cache keeps every position. It also runs models on the meta device (the paper's
+widths, and a tiny one after the same sizes on the CPU): make new tensors where next_idx is.
 
     python -m exercises start 9       (your own copy: exercises/mine/ex09_decode_step.py)
     python -m exercises check 9       python -m exercises hint 9
