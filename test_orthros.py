@@ -100,9 +100,12 @@ def paper_attention(X, T, attn, w, H, base):
     K, V = X @ W_K, X @ W_V                                                       # line 4
     Q, Q_cross = attn.alpha * (X @ W_Q) + attn.beta, attn.alpha_out * (X_cross @ W_Q) + attn.beta_out  # line 5
     heads = lambda M: M.reshape(len(M), H, M.size(-1) // H)                       # lines 6-7: (rows, H, d_h)
-    t = torch.arange(T)
-    Q, K, V, Q_cross = rope_as_complex(heads(Q), t, base), rope_as_complex(heads(K), t, base), heads(V), \
-        rope_as_complex(heads(Q_cross), t[T - T_out:], base)            # an output token at its base twin's position
+    Q, K, V, Q_cross = heads(Q), heads(K), heads(V), heads(Q_cross)
+    # RoPE, which Algorithm 1 leaves implicit: queries (after line 5) and keys turn by their positions,
+    # an output token by its base twin's.
+    pos = torch.arange(T)
+    Q, K = rope_as_complex(Q, pos, base), rope_as_complex(K, pos, base)
+    Q_cross = rope_as_complex(Q_cross, pos[T - T_out:], base)
 
     def o(q, t, first):  # eq. 4 and 5: q_t attends keys first ... t, softmax(q_t k_j / sqrt(d_h)) weighs v_j
         weights = torch.softmax(torch.einsum("hd,jhd->hj", q, K[first:t + 1]) / math.sqrt(q.size(-1)), dim=-1)
@@ -161,7 +164,7 @@ def test_model_is_the_papers_algorithms(window):
     with torch.no_grad():
         for t_out in (13, 5, 1):
             torch.testing.assert_close(model(idx, t_out=t_out)[0], paper_model(model, idx, t_out)[0], **PAPER_TOL)
-        expected, kv = paper_model(model, idx, 0)
+        _, kv = paper_model(model, idx, 0)
         _, cache = model.prefill(idx)
         for layer, (K, V) in zip(cache.layers, kv):
             torch.testing.assert_close(layer.k, K, **PAPER_TOL)
@@ -177,8 +180,8 @@ def test_residual_projections_start_scaled_down():
     model = Orthros(OrthrosConfig(vocab_size=512, n_layer=8, n_head=4, n_embd=128))
     for name, p in model.named_parameters():
         if p.dim() == 1:
-            assert torch.equal(p, torch.zeros_like(p) if name.endswith("beta") or name.endswith("beta_out")
-                               else torch.ones_like(p)), name
+            start = 0.0 if name.rsplit(".", 1)[-1] in ("beta", "beta_out") else 1.0
+            assert torch.equal(p, torch.full_like(p, start)), name
             continue
         std = 0.02 / math.sqrt(2 * 8) if name.endswith("c_proj.weight") else 0.02
         assert abs(p.std().item() / std - 1) < 0.05 and abs(p.mean().item()) < 0.05 * std, name
