@@ -634,7 +634,8 @@ def test_too_long_sequences_are_rejected():
 
 
 def test_targets_outside_output_positions_are_rejected():
-    """A target other than -1 before the output positions is an error, never silently dropped."""
+    """A target other than -1 before the output positions is an error, never silently dropped. (Here on the CPU; on a
+    GPU, where reading them would make the CPU wait, data/sft.py checks its batches before they move: test_data.py.)"""
     model = make_model()
     idx = torch.randint(0, 37, (2, 10))
     targets = torch.full_like(idx, -1)
