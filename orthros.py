@@ -268,8 +268,9 @@ class Orthros(nn.Module):
     def forward(self, idx, targets=None, t_out=None, cache=None):
         """idx: (B, T) token ids; the last t_out positions are output positions (None = T).
         targets: (B, T), the token after each position, IGNORE (-1) = not trained (all before the output
-        positions). cache: the KVCache that idx continues (prefill, decode). Returns the logits
-        (B, t_out, vocab) and the mean cross-entropy over the non-ignored targets (or None)."""
+        positions: check_targets). cache: the KVCache that idx continues (prefill, decode, or a chunk of
+        any length). Returns the logits (B, t_out, vocab) and the mean cross-entropy over the non-ignored
+        targets (or None)."""
         T, t_out = _check_inputs(self, idx, targets, t_out, cache)
         positions = torch.arange(T, device=idx.device) + (cache.length if cache is not None else 0)
         z = x = self.drop(self.wte(idx))                    # (B, T, C); the baselines have one stream
@@ -397,23 +398,24 @@ def _check_inputs(model, idx, targets, t_out, cache):
         raise ValueError(f"t_out must be an int with 1 <= t_out <= T={T}, got {t_out!r}")
     if targets is not None and targets.shape != idx.shape:
         raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}")
-    # NOTE: on CPU only. On a GPU, .any() in an `if` waits for the device at every step; there
-    # the targets come from data/sft.py's collate, which makes them this way.
-    if targets is not None and targets.device.type == "cpu" and (targets[:, :T - t_out] != IGNORE).any():
-        raise ValueError(f"targets before the last t_out={t_out} positions must be {IGNORE} "
-                         "(ignored); raise t_out to cover every target you want trained")
-    if cache is None:
-        _check_length(T, "sequence length", model.config)
-        return T, t_out
-    if not isinstance(cache, KVCache) or cache.model() is not model:
+    if targets is not None and targets.device.type == "cpu":  # on a GPU, the maker's: see check_targets
+        check_targets(targets, t_out)
+    if cache is not None and (not isinstance(cache, KVCache) or cache.model() is not model):
         raise ValueError("this cache was not made by this model's prefill(); "
                          "call model.prefill(prompt) on the same model first")
-    if idx.size(0) != cache.batch_size:
-        raise ValueError(f"decode got {idx.size(0)} tokens for a cache of batch size "
-                         f"{cache.batch_size}: pass exactly one token per sequence")
-    _check_length(cache.length + T, "cache length after this step", model.config)
+    if cache is not None and idx.size(0) != cache.batch_size:
+        raise ValueError(f"idx has {idx.size(0)} rows for a cache of batch size {cache.batch_size}: "
+                         "continue each cached sequence, one row each")
+    _check_length(T + (cache.length if cache is not None else 0), "sequence length (with the cache)", model.config)
     return T, t_out
 
+
+def check_targets(targets, t_out):
+    """Refuse targets (B, T) that the loss would drop: any but IGNORE before the last t_out positions. NOTE: reading
+    them on a GPU makes the CPU wait: forward checks CPU targets only; data/sft.py its batches before they move."""
+    if (targets[:, :targets.size(1) - t_out] != IGNORE).any():
+        raise ValueError(f"targets before the last t_out={t_out} positions must be {IGNORE} "
+                         "(ignored); raise t_out to cover every target you want trained")
 
 
 def _check_generation(config, idx, max_new_tokens, temperature, top_k):
@@ -497,7 +499,7 @@ def fast_reference_attention(q, k, v, window=None, swa_impl="auto", dropout_p=0.
     """reference_attention(q, k, v, window) of part 1, by the cheapest exact kernel.
 
     q: (B, H, Tq, D), k, v: (B, H, Tk, D); the queries are always the last Tq of the Tk key
-    positions: base tokens (Tq = Tk, or 1 in decoding) and output tokens (the last t_out).
+    positions: base tokens (Tq = Tk; fewer when continuing a cache, 1 in decoding) and output tokens.
     """
     Tq, Tk = q.size(-2), k.size(-2)
     if Tq == 0:    # the baselines' (empty) output stream
@@ -516,7 +518,12 @@ def fast_reference_attention(q, k, v, window=None, swa_impl="auto", dropout_p=0.
         if Tq == Tk:  # square: is_causal is right, and lets SDPA use its fastest kernels
             return sdpa(q, k, v, is_causal=True, dropout_p=dropout_p)
         return sdpa(q, k, v, attention_mask(Tq, Tk, None, q.device), dropout_p=dropout_p)
-    assert Tq == Tk, "windowed attention runs over whole sequences (training/prefill) or one query"
+    if Tq < Tk:
+        # Continuing a cache: the Tq queries see only the last Tq + w - 1 keys. Square them (every path
+        # takes squares) with dummy queries in front, whose rows are dropped.
+        keep = min(Tk, Tq + window - 1)
+        q, k, v = F.pad(q, (0, 0, keep - Tq, 0)), k[:, :, -keep:], v[:, :, -keep:]
+        return fast_reference_attention(q, k, v, window, swa_impl, dropout_p)[:, :, -Tq:]
     # FlexAttention for "flex" (and "auto" on CUDA); it has no attention dropout, so training
     # with dropout takes the blocked path.
     if (swa_impl == "flex" or (swa_impl == "auto" and q.is_cuda)) and dropout_p == 0.0:
@@ -615,19 +622,15 @@ def cached_sliding_window_block_mask(T, window, device, grad_enabled):
     return sliding_window_block_mask(T, window, device, compute_q_blocks=grad_enabled)
 
 
-_compiled_flex_attention = None
+compile_once = functools.cache(torch.compile)  # compile_once(f): torch.compile(f), made on the first call only
 
 
 def flex_sliding_window_attention(q, k, v, block_mask):
     """Eq. 4 with FlexAttention: a fused kernel that skips the key blocks outside the window.
     FlexAttention is fast only when compiled; outside torch.compile we call a compiled copy."""
-    global _compiled_flex_attention
     from torch.nn.attention.flex_attention import flex_attention
-    if torch.compiler.is_compiling():
-        return flex_attention(q, k, v, block_mask=block_mask)
-    if _compiled_flex_attention is None:
-        _compiled_flex_attention = torch.compile(flex_attention)
-    return _compiled_flex_attention(q, k, v, block_mask=block_mask)
+    flex = flex_attention if torch.compiler.is_compiling() else compile_once(flex_attention)
+    return flex(q, k, v, block_mask=block_mask)
 
 
 def activation_dtype(weight):

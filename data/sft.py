@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from data.prepare_utils import to_device
-from orthros import IGNORE  # the target value the loss skips: the one definition is the model's
+from orthros import IGNORE, check_targets  # the target value the loss skips, and the model's check of them
 
 
 def read_jsonl(path):
@@ -209,8 +209,10 @@ class SFTBatches:
             log(report)
 
     def get(self, split, batch_size, generator):
-        """(x, y, t_out) of batch_size examples drawn at random from the split."""
+        """(x, y, t_out) of batch_size examples drawn at random from the split, their targets checked
+        on the CPU before they move: on a GPU the model reads only the last t_out columns, unchecked."""
         pool = self.examples[split]
         ix = torch.randint(len(pool), (batch_size,), generator=generator).tolist()
         x, y, t_out = collate([pool[i] for i in ix])
+        check_targets(y, t_out)
         return to_device(x, self.device), to_device(y, self.device), t_out

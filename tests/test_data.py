@@ -12,13 +12,15 @@ import subprocess
 
 import numpy as np
 import pytest
+import torch
 
 import data.prepare_utils as prepare_utils
 import data.stdlib.prepare as stdlib_prepare
 from data.prepare_utils import ensure_prepared, load_meta
 from data.recall.prepare import FILLER, KEYS, PRESETS, QUERY, VALUES, make_example
 from data.recall.prepare import prepare as prepare_recall
-from data.sft import IGNORE, collate, encode_example, load_examples, read_jsonl
+import data.sft
+from data.sft import IGNORE, SFTBatches, collate, encode_example, load_examples, read_jsonl
 from data.shakespeare.prepare import prepare as prepare_shakespeare
 from data.stdlib.prepare import prepare as prepare_stdlib
 from data.tokenizer import GPT2_BPE_FILE, GPT2_BPE_SHA256, get_tokenizer
@@ -281,6 +283,24 @@ def test_collate_pads_right_and_takes_the_smallest_t_out():
     assert t_out == T - 2
     assert y[1].tolist() == [IGNORE, IGNORE, ord("x"), tok.eot] + [IGNORE] * (T - 4)
     assert (y[:, :T - t_out] == IGNORE).all()
+
+
+def test_sft_batches_check_their_targets_on_the_cpu_before_they_move(tmp_path, monkeypatch):
+    """On any device (here "meta", standing in for a GPU, where the model reads only the last t_out columns and cannot
+    check the rest without waiting), a batch whose t_out would drop a target is refused before it moves."""
+    rng = random.Random(0)
+    turns = lambda: ["p" * rng.randint(1, 9), "r" * rng.randint(0, 5)] * rng.randint(1, 2)  # some of two turns
+    for split in ("train", "val"):
+        write_lines(tmp_path / f"{split}.jsonl", [json.dumps({"turns": turns()}) for _ in range(20)])
+    batches = SFTBatches(tmp_path, get_tokenizer("byte"), seq_len=64, device="meta", log=lambda *_: None)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        x, y, t_out = batches.get("train", 4, gen)
+        assert x.device.type == y.device.type == "meta" and 1 <= t_out <= x.size(1)
+    real_collate = data.sft.collate
+    monkeypatch.setattr(data.sft, "collate", lambda exs: (lambda x, y, t_out: (x, y, t_out - 1))(*real_collate(exs)))
+    with pytest.raises(ValueError, match="t_out"):
+        batches.get("train", 4, gen)
 
 
 def test_overlong_examples_are_reported_and_dropped_or_truncated(tmp_path):
