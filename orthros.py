@@ -338,10 +338,9 @@ class Orthros(nn.Module):
 # =============================================================================
 
 def sample_next(logits, temperature=1.0, top_k=None):
-    """The next token (B, 1) from logits (B, T, vocab) at the last position: greedy argmax at
-    temperature 0, else a draw from p = softmax(logits / temperature), optionally of the top k, by the
-    exponential race (with E_i ~ Exp(1) independent, argmax_i p_i / E_i is i with probability p_i):
-    no sync with the GPU, so that the fast decoder (perf/engine.py) draws inside its compiled step."""
+    """The next token (B, 1) from logits (B, T, vocab) at the last position: the argmax at temperature 0,
+    else a draw from p = softmax(logits / temperature) (of the top k) by the exponential race: argmax_i
+    p_i / E_i, E_i ~ Exp(1) independent, is i with probability p_i; no GPU sync: perf/engine.py draws in its graph."""
     logits = logits[:, -1, :].float()
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
