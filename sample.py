@@ -119,7 +119,7 @@ def main(argv=None):
         print(f"note: converted but not trained at window {cfg.window}: past {cfg.window} tokens it sees less than the "
               "original (--window N covering the text, or --attn transformer, runs the original exactly)")
     if args.decoder == "naive" and device.startswith("cuda"):
-        print("tip: --decoder fast decodes with a static cache and CUDA graphs (perf/engine.py), several times faster")
+        print("tip: --decoder fast (perf/engine.py) decodes about 20x faster here, after a compile of a few seconds")
 
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)
     decoder, compile_s = model, None  # the model's own prefill and decode
@@ -129,6 +129,9 @@ def main(argv=None):
         if not cuda:
             print(f"note: --decoder fast is built for CUDA GPUs; on {device} it runs without CUDA graphs or compiled "
                   "layers, slower than the naive decoder")
+        # Inductor starts a pool of compile workers even when its on-disk cache holds every kernel (any run after the
+        # first), and waits for them at exit: 8-10 s on an H200's host. One thread: no pool.
+        torch._inductor.config.compile_threads = 1
         t0 = time.perf_counter()
         decoder = FastDecoder(model, args.num_samples, max_len=len(ids) + new_tokens, compile=cuda)
         decoder.warm_up(args.temperature, args.top_k)  # compile the step (PyTorch caches it on disk) and capture it

@@ -368,6 +368,7 @@ def test_cuda_steps_between_reads_never_wait_for_the_gpu(tmp_path, monkeypatch, 
     a copy from pageable memory, ...) everywhere but in the reads, the evaluations and the checkpoints, from the first
     read on, 12 steps with a read every 4 run to the end: 8 steps checked. SFT runs with a window longer than every
     example, so that no FlexAttention kernel is compiled for a new length after the first read."""
+    torch._dynamo.reset()  # FlexAttention compiled afresh: earlier tests' many lengths can exhaust its recompile limit (then eager)
     state = {"armed": False, "checked": 0}
     def may_wait(function, arms=False):
         def wrapped(*args, **kwargs):
