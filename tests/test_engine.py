@@ -150,6 +150,8 @@ def test_sample_draws_from_the_softmax_of_the_top_k(temperature, top_k):
         p = p / p.sum()
     freq = torch.bincount(draws.flatten(), minlength=len(logits)) / len(draws)
     assert draws.shape == (40000, 1) and torch.all((freq - p).abs() <= 4 * (p * (1 - p) / 40000).sqrt() + 1e-9)
+    torch.manual_seed(0)   # and it is torch.multinomial's own way to draw one sample: the same seed, the same tokens
+    assert torch.equal(draws, torch.multinomial(p.expand(40000, -1), num_samples=1))
 
 
 @pytest.mark.parametrize("window", [None, 1, 8, 128, 200])
