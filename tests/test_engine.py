@@ -136,6 +136,25 @@ def test_compiled_step_is_one_graph_from_token_to_token():
     assert len(graphs) == 2
 
 
+def test_warm_up_leaves_the_decoder_as_it_was(runs):
+    """warm_up() runs a step (on CUDA: and captures it) in the middle of a generation: the token, the
+    position, the convolution's state and the random generator are as before, and decoding goes on exactly."""
+    fast = runs["decoders"]["orthros+conv"]
+    idx = torch.randint(0, VOCAB, (BATCH, 40), generator=torch.Generator().manual_seed(6))
+    logits, state = fast.model.prefill(idx)
+    fast_logits, cache = fast.prefill(idx)
+    before = [t.clone() for t in (fast.token, fast.pos, *filter(lambda c: c is not None, cache.conv))]
+    rng = torch.get_rng_state()
+    fast.warm_up(temperature=0.9, top_k=4)
+    after = [fast.token, fast.pos, *filter(lambda c: c is not None, cache.conv)]
+    assert all(torch.equal(a, b) for a, b in zip(before, after)) and torch.equal(rng, torch.get_rng_state())
+    for _ in range(3):
+        next_idx = logits[:, -1].argmax(-1, keepdim=True)
+        logits, state = fast.model.decode(next_idx, state)
+        fast_logits, cache = fast.decode(next_idx, cache)
+        torch.testing.assert_close(fast_logits, logits, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.5, None), (1.0, 3)])
 def test_sample_draws_from_the_softmax_of_the_top_k(temperature, top_k):
     """orthros.sample_next, which the fast decoder runs inside its graph (no sync): over 40,000 draws from one
