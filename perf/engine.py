@@ -137,7 +137,7 @@ class FastDecoder:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # past it: eager, silently
         self.attention = flex_attention if compile else compiled_flex_attention   # inside the graph, or its own
         # NOTE: Inductor's prologue fusion (the queries' scale-offset and RoPE computed inside FlexAttention's decode
-        # kernel) put Orthros's two query rows 2.5x further from float32 than the naive decoder on the H200: off.
+        # kernel) put Orthros's logits 2.5x further from float32 than the naive decoder's on the H200: turned off.
         options = compile if isinstance(compile, dict) else {"options": {"prologue_fusion": False}}
         self.step = torch.compile(self._step, fullgraph=True, dynamic=False, **options) if compile else self._step
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs

@@ -217,6 +217,8 @@ def test_bad_input_gives_clear_errors(runs):
     with pytest.raises(ValueError, match="batch size 2"):
         fast.decode(torch.zeros(3, 1, dtype=torch.long), cache)
     _, naive_cache = model.prefill(torch.zeros(BATCH, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="the KVCache of idx"):
+        fast.prefill(torch.zeros(BATCH, 5, dtype=torch.long), naive=naive_cache)   # a cache of another prompt
     with pytest.raises(ValueError, match="needs this decoder.s cache"):
         fast.decode(torch.zeros(BATCH, 1, dtype=torch.long), naive_cache)
     logits, cache = fast.decode(torch.zeros(BATCH, 1, dtype=torch.long), cache)
