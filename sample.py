@@ -145,7 +145,7 @@ def main(argv=None):
     rows, ended = [], torch.zeros(args.num_samples, dtype=torch.bool, device=device)
     sync(device)
     t0 = time.perf_counter()
-    # The model's decode loop yields one token per step: the first right after prefill (TTFT).
+    # The decoder's loop (the model's, or the fast one's) yields one token per step: the first right after prefill (TTFT).
     for step, next_idx in enumerate(decoder.generate_tokens(idx, new_tokens, args.temperature, args.top_k)):
         rows.append(next_idx)
         if step == 0:

@@ -230,7 +230,7 @@ class PromptCache:
     """A decoder for model.generate_tokens whose prefill() hands out a prompt's cache made once
     (prompt_cache) instead of running the model: every decoder of a round starts from the same
     cache, and the decode loop is still the model's own, as in sample.py. (A FastDecoder takes
-    the prompt's cache itself: generate_tokens(..., prompt=(logits, cache)) load()s a copy.)"""
+    the prompt's cache itself: generate_tokens(..., prompt=(logits, cache)) copies it into its static cache.)"""
 
     def __init__(self, model, logits, cache):
         self.model, self.logits, self.cache = model, logits, cache
