@@ -10,9 +10,8 @@ Sections (pick with --sections):
   decode   tokens/s of both decoders, the naive KV cache (model.decode) and engine.FastDecoder (static
            cache, one FlexAttention call per layer, one CUDA graph), each with eager and compiled
            layers (--decode_variants), after a prompt of each --decode_ctx, at each --decode_batches.
-           The fast one is built for the longest context (max_len = the longest --decode_ctx + new
-           tokens) at every context: a step reads only the key blocks up to the new token, so one
-           compiled graph per model, batch size and variant serves them all. A round makes one
+           The fast one is built for each context (max_len = context + new tokens), as sample.py
+           and gpt-fast build theirs; --gptfast DIR adds gpt-fast's decode loop. A round makes one
            prompt cache per model and setting (--decode_cache: a prefill, or random keys and values)
            and times every variant from it; --decode_reps rounds, interleaved, median; with
            ms/step, the fraction of the HBM-bandwidth limit (hbm_fraction) and the number of
@@ -28,7 +27,7 @@ JSON file is rewritten after every measurement, so a run cut short by a timeout 
 Runtime on one H200 (estimated from the measurements in results/h200/; each section fits one 10-minute
 call, all three together do not): prefill with --compile ~5 min (T <= 256K ~1 min; the Transformer at
 512K, 1M, 2M ~10 s, ~40 s, ~160 s, one call each); train ~1 min. The decode matrix with its
-recompile log (--time_budget keeps it inside one call; perf/decode_probe.py looks inside a step):
+recompile log (--time_budget keeps it inside one call):
 
     TORCH_LOGS=recompiles python perf/bench.py --sections decode --decode_ctx 131072,32768,4096 \
         --decode_cache random --decode_steps 40 --decode_variants naive,fast,fast+compile \
@@ -49,6 +48,7 @@ import traceback
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script (python perf/bench.py): import from the repository root
@@ -276,7 +276,7 @@ def decode_run(args, model, variant, prompt, B, device):
     """Time args.decode_steps greedy decode steps (after args.warmup untimed ones, which include
     the fast decoder's graph capture and any compilation) after the prompt's cache, through the
     decode loop of sample.py: model.generate_tokens (naive), or FastDecoder(model, B, max_len=the
-    longest --decode_ctx + new tokens, compile=..., kernel_options=...).generate_tokens (fast)."""
+    context + new tokens, compile=..., kernel_options=...).generate_tokens (fast)."""
     logits, cache = prompt
     ctx, n_steps = cache.length, args.warmup + args.decode_steps
     idx = torch.zeros(1, 1, dtype=torch.long, device=device).expand(B, ctx)  # the prompt's shape: prefill() ignores it
@@ -284,7 +284,7 @@ def decode_run(args, model, variant, prompt, B, device):
     with torch.inference_mode():
         t_first = time.perf_counter()
         if variant.decoder == "fast":
-            fast = FastDecoder(model, B, max_len=max(args.decode_ctx) + n_steps, compile=variant.compiled,
+            fast = FastDecoder(model, B, max_len=ctx + n_steps + 1, compile=variant.compiled,
                                kernel_options=args.kernel_options)
             tokens = fast.generate_tokens(idx, n_steps + 1, temperature=0, prompt=(logits, cache))
         else:
@@ -310,7 +310,44 @@ class Variant:
     compiled: bool
 
     def label(self):
-        return self.decoder + ("+compile" if self.compiled else "")
+        return self.decoder + ("+compile" if self.compiled and self.decoder != "gpt-fast" else "")
+
+
+def gptfast_run(args, ctx, B, device):
+    """pytorch-labs/gpt-fast's decode loop (generate.py's decode_n_tokens, greedy) on the bench model's shape, its
+    model.py read from --gptfast DIR (not part of this repository): a static cache of ctx + new tokens with random
+    keys and values, decode_one_token compiled with mode="reduce-overhead" and fullgraph, coordinate-descent tuning,
+    the math SDPA inside it, as gpt-fast runs them. SwiGLU of width 2048 has the GELU MLP's 4C x C x 2 weights."""
+    sys.path.insert(0, args.gptfast)
+    from model import ModelArgs, Transformer   # gpt-fast's
+    import torch._inductor.config
+    torch._inductor.config.coordinate_descent_tuning = True
+    n_steps = args.warmup + args.decode_steps
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Transformer(ModelArgs(block_size=ctx + n_steps + 1, vocab_size=args.vocab_size, n_layer=args.n_layer,
+                                      n_head=args.n_head, dim=args.n_embd, intermediate_size=8 * args.n_embd // 3))
+        model.setup_caches(B, ctx + n_steps + 1)
+    model = model.to(args.dtype).eval()
+    for layer in model.layers:
+        layer.attention.kv_cache.k_cache.normal_()
+        layer.attention.kv_cache.v_cache.normal_()
+    step = torch.compile(lambda x, pos: model(x, pos)[:, -1].argmax(-1, keepdim=True), mode="reduce-overhead",
+                         fullgraph=True)
+    token, pos = torch.zeros(B, 1, dtype=torch.long, device=device), torch.tensor([ctx], device=device)
+    graphs, t_first = unique_graphs(), time.perf_counter()
+    with torch.inference_mode(), sdpa_kernel(SDPBackend.MATH):
+        for i in range(n_steps):
+            if i == args.warmup:
+                sync(device)
+                t0, graphs_warm = time.perf_counter(), unique_graphs()
+            token = step(token, pos).clone()
+            pos += 1
+        sync(device)
+    dt = time.perf_counter() - t0
+    torch._inductor.config.coordinate_descent_tuning = False
+    return {"tokens_per_s": B * args.decode_steps / dt, "ms_per_step": 1e3 * dt / args.decode_steps,
+            "warmup_s": t0 - t_first, "compiles_warmup": graphs_warm - graphs, "compiles_timed": unique_graphs() - graphs_warm}
 
 
 def measure_run(fn, device):
@@ -318,6 +355,7 @@ def measure_run(fn, device):
     runs): figures + "status" + peak GPU memory; an error is recorded, not raised."""
     try:
         rec = {**fn(), "status": "ok"}
+        gc.collect()  # a compiled decoder's cache is held in cycles that Dynamo's tracing leaves: free it now
         if device.type == "cuda":
             rec["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
         return rec
@@ -356,9 +394,8 @@ def bench_decode(args, device, results, save):
                          "random": "random keys and values (N(0, 1)) and random logits, once per model, (ctx, batch) "
                                    "and round, instead of a prefill; every decoder of the round starts from a copy"
                          }[args.decode_cache],
-        "fast_decoder": f"FastDecoder(model, batch, max_len={max(args.decode_ctx)} + new tokens, compile=..., "
-                        f"kernel_options={args.kernel_options}) at every context (sample.py: max_len = prompt + new tokens, "
-                        "compile=False): a step reads the key blocks up to the new token whatever the cache's size",
+        "fast_decoder": f"FastDecoder(model, batch, max_len=context + new tokens, compile=..., "
+                        f"kernel_options={args.kernel_options}), as sample.py builds it",
         "time_budget_s": args.time_budget, "skipped": []}
 
     def summarize():
@@ -367,7 +404,7 @@ def bench_decode(args, device, results, save):
             rec = {"attn": attn, "variant": var.label(), "decoder": var.decoder,
                    "layers": "compiled" if var.compiled else "eager", "ctx": ctx, "batch": B, "steps": args.decode_steps}
             rec.update(summarize_runs(recs))
-            if rec.get("ms_per_step"):
+            if rec.get("ms_per_step") and attn in models:
                 keys = ctx + args.warmup + (args.decode_steps + 1) / 2  # mean valid prefix of the timed steps
                 rec["hbm_fraction"] = hbm_fraction(models[attn].config, n_params[attn], B, keys, rec["ms_per_step"] / 1e3,
                                                    args.hbm_tbps * 1e12, torch.finfo(args.dtype).bits // 8)
@@ -399,6 +436,10 @@ def bench_decode(args, device, results, save):
                     runs.setdefault((ctx, B, attn, var), []).append(rec)
                     line.append(f"{attn} {var.label()}: {fmt(rec, 'tokens_per_s', '{:.0f}')}")
                 prompt = None
+            if args.gptfast:
+                rec = measure_run(lambda: gptfast_run(args, ctx, B, device), device)
+                runs.setdefault((ctx, B, "transformer", Variant("gpt-fast", True)), []).append(rec)
+                line.append(f"gpt-fast: {fmt(rec, 'tokens_per_s', '{:.0f}')}")
             round_s[ctx, B] = min(round_s.get((ctx, B), float("inf")), time.time() - t0)
             print(f"decode round {rnd + 1} ctx={ctx:>6} B={B} ({time.time() - t0:.1f} s), tok/s: " + "; ".join(line), flush=True)
             summarize()
@@ -617,7 +658,8 @@ def parse_args(argv=None):
                         "(FastDecoder(compile=True))")
     p.add_argument("--kernel_options", type=json.loads, default=None,
                    help="FlexAttention's kernel_options for the fast decoder, as JSON, e.g. '{\"num_stages\": 2}' "
-                        "(perf/decode_probe.py sweeps them); default: FlexAttention's own")
+                        "(default: engine.kernel_split's)")
+    p.add_argument("--gptfast", help="a folder with gpt-fast's model.py: time its decode loop beside ours")
     p.add_argument("--decode_cache", default="prefill", choices=["prefill", "random"],
                    help="where each round's prompt cache comes from: model.prefill of a random prompt, or random keys "
                         "and values (no prefill: a Transformer prefill of 128K x 8 takes seconds); shared by every "

@@ -2,11 +2,14 @@
 A fast decoder for Orthros and its baselines: the naive decoder's numbers (orthros.py's prefill and decode), faster.
 The naive decoder grows its cache by concatenation and runs a few hundred small kernels per token from Python.
 FastDecoder keeps per layer a static cache, K and V (B, H_kv, rows, D), written in place at row pos, a device tensor,
-so that a step's shapes never change; computes both twins' attention in one FlexAttention call per layer (query row
-0 the base twin, over its window: eq. 4; row 1 the output twin, over every key: eq. 5; the mask is orthros.in_window,
-the table of key blocks comes from pos); projects q, k and v in one matmul; and with compile=True compiles the whole
-step as one graph, from the token in to the next token out (orthros.sample_next), which stays on the GPU as the next step's
-input: a token is one CUDA graph replay.
+so that a step's shapes never change; computes both twins' attention in one call per layer (query row 0 the base
+twin, over its window: eq. 4; row 1 the output twin, over every key: eq. 5; the mask is orthros.in_window); projects
+q, k and v in one matmul; and chooses the next token (orthros.sample_next) on the device, as the next step's input.
+On CUDA a step is one CUDA graph replay. Two ways to run the step:
+  compile=False  eager ops captured in the CUDA graph, SDPA over every cache row with the mask: nothing to compile,
+                 ready in a fraction of a second; each step reads all rows (sample.py's choice: rows = its length).
+  compile=True   the step compiled as one graph with FlexAttention, whose table of key blocks comes from pos: a step
+                 reads only the blocks it attends (the bench's long contexts); the compile takes seconds.
 
     decoder = FastDecoder(model, batch_size=B, max_len=T + max_new_tokens, compile=True)
     for token in decoder.generate_tokens(idx, max_new_tokens, temperature=0): ...   # as model.generate_tokens
@@ -19,13 +22,10 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 import orthros
-from orthros import apply_rope, causal_depthwise_conv, in_window, rope_cos_sin
+from orthros import apply_rope, causal_depthwise_conv, in_window, repeat_kv, rope_cos_sin
 
 BLOCK = 128  # FlexAttention's block of keys: the unit of its block table, and of the cache's rows
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what FlexAttention computes in
-# FlexAttention is one fused kernel only when compiled: compile=False compiles it alone (a lambda of its own:
-# orthros.py compiles flex_attention for prefill), one graph per model kind, batch and cache size.
-compiled_flex_attention = torch.compile(lambda *a, **k: flex_attention(*a, **k), fullgraph=True, dynamic=False)
 
 
 def block_table(pos, window, n_blocks):
@@ -55,6 +55,15 @@ def decode_block_mask(pos, windows, rows):
     mask = BlockMask.from_kv_blocks(*table, *full, BLOCK_SIZE=BLOCK, mask_mod=mask_mod,
                                     seq_lengths=(len(windows), rows), compute_q_blocks=False)
     return mask, refresh
+
+
+def kernel_split(model, batch_size, rows, device):
+    """FlexAttention's options for a cache of `rows` keys: split the keys over the SMs (FlexAttention's default is 2
+    pieces per SM; twice that was faster at 128K), but never into pieces of less than one block of keys (empty
+    pieces still cost a launch slot and a row in the reduction); 3 stages of 32 keys (results/README.md, Decode)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    split = 4 * max(sms // (batch_size * model.blocks[0].attn.n_kv_head), 1)
+    return {"SPLIT_KV": max(1, min(split, rows // BLOCK)), "BLOCK_N": 32, "num_stages": 3}
 
 
 def layer_in(block, z, k_cache, v_cache, conv_state, pos, rope, weights):
@@ -109,9 +118,9 @@ class StaticKVCache:
 class FastDecoder:
     """prefill, decode and generate_tokens like the model's, over a StaticKVCache. model: an Orthros in eval mode, on
     its device, in float32, float16 or bfloat16. batch_size, max_len: the cache's size (max_len <= max_seq_len).
-    compile: True (or torch.compile's options) compiles the step as one graph per sampling rule; False: eager but for
-    FlexAttention. cuda_graphs: default on CUDA. kernel_options: FlexAttention's. NOTE: prefill() copies W_Q, W_K, W_V
-    and the scale-offsets (stacked), the other weights are read where they are: change weights between generations."""
+    compile: True (or torch.compile's options) compiles the step as one graph per sampling rule, with FlexAttention;
+    False: eager, SDPA. cuda_graphs: default on CUDA. kernel_options: FlexAttention's. NOTE: prefill() copies W_Q, W_K,
+    W_V and the scale-offsets (stacked), the other weights are read where they are: change weights between generations."""
 
     def __init__(self, model, batch_size, max_len=None, compile=False, cuda_graphs=None, kernel_options=None):
         cfg, max_len = model.config, model.config.max_seq_len if max_len is None else max_len
@@ -122,24 +131,27 @@ class FastDecoder:
         if dtype not in DTYPES:
             raise ValueError(f"FastDecoder runs FlexAttention, which computes in {', '.join(map(str, DTYPES))}; "
                              f"the model is in {dtype}: convert it (model.float()) or decode with the model's own decode()")
-        if device.type == "cuda":  # twice FlexAttention's KV split, 3 stages of 32 keys (results/README.md, Decode)
-            sms = torch.cuda.get_device_properties(device).multi_processor_count
-            kernel_options = {"SPLIT_KV": 4 * max(sms // (batch_size * model.blocks[0].attn.n_kv_head), 1),
-                              "BLOCK_N": 32, "num_stages": 3, **(kernel_options or {})}
-        self.model, self.kernel_options, self.orthros = model, kernel_options, cfg.attn == "orthros"
-        windows = (model.blocks[0].attn.window,) + ((None,) if self.orthros else ())   # per query row (None: all keys)
+        self.model, self.orthros, self.compiled = model, cfg.attn == "orthros", bool(compile)
+        self.windows = (model.blocks[0].attn.window,) + ((None,) if self.orthros else ())  # per query row (None: all)
         with torch.inference_mode(False), torch.no_grad():  # normal tensors: writable in and out of inference mode
             self.cache = StaticKVCache(model, batch_size, max_len, lambda *s: torch.zeros(*s, device=device, dtype=dtype))
             self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # the step's input, then its output
             self.pos = torch.zeros(1, dtype=torch.long, device=device)                # ... and its position
-            self.block_mask, self.refresh_block_mask = decode_block_mask(self.pos, windows, self.cache.rows)
+            self.rows = torch.arange(self.cache.rows, device=device)                  # every key's position
+            self.block_mask, self.refresh_block_mask = decode_block_mask(self.pos, self.windows, self.cache.rows)
             self.weights = [stacked_weights(block.attn) for block in model.blocks]
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # past it: eager, silently
-        self.attention = flex_attention if compile else compiled_flex_attention   # inside the graph, or its own
-        # NOTE: Inductor's prologue fusion (the queries' scale-offset and RoPE computed inside FlexAttention's decode
-        # kernel) put Orthros's logits 2.5x further from float32 than the naive decoder's on the H200: turned off.
-        options = compile if isinstance(compile, dict) else {"options": {"prologue_fusion": False}}
-        self.step = torch.compile(self._step, fullgraph=True, dynamic=False, **options) if compile else self._step
+        self.kernel_options = kernel_options
+        if device.type == "cuda":  # FlexAttention's KV split, 3 stages of 32 keys (results/README.md, Decode)
+            self.kernel_options = {**kernel_split(model, batch_size, self.cache.rows, device), **(kernel_options or {})}
+        # The step is the unbound function, called with self: a bound method kept on self would hold it in a
+        # reference cycle, and with it the cache, after the caller lets go of the decoder.
+        self.step = FastDecoder._step
+        if compile:
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # past it: eager
+            # NOTE: Inductor's prologue fusion (the queries' scale-offset and RoPE computed inside FlexAttention's
+            # decode kernel) put Orthros's logits 2.5x further from float32 than the naive decoder's: turned off.
+            options = compile if isinstance(compile, dict) else {"options": {"prologue_fusion": False}}
+            self.step = torch.compile(FastDecoder._step, fullgraph=True, dynamic=False, **options)
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.graphs = {}  # per sampling rule (temperature, top_k): the CUDA graph and its logits
 
@@ -214,16 +226,19 @@ class FastDecoder:
         """One step: a replay of the rule's CUDA graph (captured at first use, after a step aside to compile and set cuBLAS
         up), or a call. Its logits, which the next step overwrites."""
         if not self.cuda_graphs:
-            return self.step(temperature, top_k)
+            return self.step(self, temperature, top_k)
         if (temperature, top_k) not in self.graphs:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream), self._kept():
-                self.step(temperature, top_k)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                logits = self.step(temperature, top_k)
+            # The step aside and the capture leave the random generator as it was: a seed gives the same tokens
+            # whether or not this rule's graph existed before.
+            with torch.random.fork_rng([self.pos.device]):
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream), self._kept():
+                    self.step(self, temperature, top_k)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    logits = self.step(self, temperature, top_k)
             self.graphs[temperature, top_k] = graph, logits
         graph, logits = self.graphs[temperature, top_k]
         graph.replay()
@@ -235,11 +250,17 @@ class FastDecoder:
         x = model.wte(self.token)                                       # (B, 1, C)
         z = torch.cat([x, x], dim=1) if self.orthros else x             # Alg. 2, line 2: the two twins
         rope = rope_cos_sin(self.pos, model.blocks[0].attn.head_dim, cfg.rope_base, x.dtype, cfg.rope_scaling)
-        self.refresh_block_mask()                                       # the key blocks up to pos
+        if self.compiled:
+            self.refresh_block_mask()                                   # the key blocks up to pos
+        else:                                                           # query row r may attend key j: (L, rows)
+            allowed = torch.stack([in_window(self.pos, self.rows, window) for window in self.windows])
         for l, block in enumerate(model.blocks):                        # Alg. 2, lines 3-7
             q = layer_in(block, z, c.k[l], c.v[l], c.conv[l], self.pos, rope, self.weights[l])
-            y = self.attention(q, c.k[l], c.v[l], block_mask=self.block_mask, kernel_options=self.kernel_options,
-                               enable_gqa=q.size(1) != c.k[l].size(1))   # Alg. 1, lines 8-9: (B, H, L, D)
+            if self.compiled:   # Alg. 1, lines 8-9, in one FlexAttention call: (B, H, L, D)
+                y = flex_attention(q, c.k[l], c.v[l], block_mask=self.block_mask, kernel_options=self.kernel_options,
+                                   enable_gqa=q.size(1) != c.k[l].size(1))
+            else:               # the same by SDPA, over every row of the cache
+                y = orthros.sdpa(q, repeat_kv(c.k[l], q.size(1)), repeat_kv(c.v[l], q.size(1)), allowed)
             z = layer_out(block, z, y)
         logits = model.lm_head(model.ln_f(z[:, -1:]))                   # Alg. 2, lines 9-10
         self.token.copy_(orthros.sample_next(logits, temperature, top_k))
