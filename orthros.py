@@ -535,17 +535,17 @@ def fast_reference_attention(q, k, v, window=None, swa_impl="auto", dropout_p=0.
 
 
 def sdpa(q, k, v, mask=None, is_causal=False, dropout_p=0.0):
-    """F.scaled_dot_product_attention, kept off the cuDNN backend unless the call is plain causal.
+    """F.scaled_dot_product_attention, kept off the cuDNN backend but for plain causal inference.
 
     NOTE: on Hopper GPUs, torch 2.11 sends bf16 SDPA to cuDNN by default. cuDNN builds a new
     plan for every new shape (tens of ms per decode step, where the cache grows by one key each
-    time), and with explicit masks it has traps: fully masked rows are not zero, and gradients
-    can be NaN for some key lengths (S % 128 == 64). The flash and memory-efficient kernels
-    have none of these problems.
+    time), and it has traps: with explicit masks fully masked rows are not zero, and gradients
+    can be NaN for some key lengths (S % 128 == 64). Training never runs it (a NaN that came and
+    went in the CUDA tests' SFT run); the flash and memory-efficient kernels have none of these.
     """
-    if q.is_cuda and not is_causal:
+    if q.is_cuda and (not is_causal or torch.is_grad_enabled()):
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p)
 
 
