@@ -299,8 +299,30 @@ def decode_run(args, model, variant, prompt, B, device):
                 graphs_warm = unique_graphs()
         sync(device)
         dt = time.perf_counter() - t0
-    return {"tokens_per_s": B * args.decode_steps / dt, "ms_per_step": 1e3 * dt / args.decode_steps,
-            "warmup_s": t0 - t_first, "compiles_warmup": graphs_warm - graphs, "compiles_timed": unique_graphs() - graphs_warm}
+        rec = {"tokens_per_s": B * args.decode_steps / dt, "ms_per_step": 1e3 * dt / args.decode_steps,
+               "warmup_s": t0 - t_first, "compiles_warmup": graphs_warm - graphs, "compiles_timed": unique_graphs() - graphs_warm}
+        if args.profile and variant.decoder == "fast" and device.type == "cuda":
+            try:
+                rec["kernels"] = profile_steps(fast, 20, device)
+            except Exception as e:   # the timing above stands
+                rec["kernels"] = {"error": f"{type(e).__name__}: {e}"[:200]}
+    return rec
+
+
+def profile_steps(fast, n_steps, device):
+    """The GPU kernels of n_steps of a warm decoder's steps (its CUDA graph replayed) under torch.profiler: per step,
+    microseconds and launches of each kernel name, FlexAttention's (names with "flex") apart."""
+    from torch.profiler import ProfilerActivity, profile
+    fast.pos.sub_(n_steps)   # stay inside the cache: the steps rewrite rows already decoded
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n_steps):
+            fast._run(0, None)
+        sync(device)
+    kernels = {e.key: (e.device_time_total / n_steps, e.count / n_steps) for e in prof.key_averages()
+               if e.device_time_total > 0}
+    flex = sum(us for name, (us, _) in kernels.items() if "flex" in name.lower())
+    return {"us_per_step": sum(us for us, _ in kernels.values()), "launches_per_step": sum(n for _, n in kernels.values()),
+            "flex_us_per_step": flex, "top": sorted(kernels.items(), key=lambda kv: -kv[1][0])[:12]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -464,6 +486,8 @@ def summarize_runs(recs):
            "warmup_s": [round(r["warmup_s"], 3) for r in ok],
            "compiles_warmup": sum(r["compiles_warmup"] for r in ok),
            "compiles_timed": sum(r["compiles_timed"] for r in ok)}
+    if ok[-1].get("kernels"):
+        out["kernels"] = ok[-1]["kernels"]
     if any("peak_mem_gb" in r for r in ok):
         out["peak_mem_gb"] = max(r.get("peak_mem_gb", 0) for r in ok)
     if len(ok) < len(recs):
@@ -542,6 +566,11 @@ def print_tables(results, sections=("prefill", "decode", "train")):
                 peaks = " ".join(fmt(r, "peak_mem_gb", "{:.1f}") for r in recs if r)
                 print(f"{ctx:>7} {B:>5} {v:<{width}} | " + " | ".join(cells)
                       + f" | {f'{o / t:.2f}' if t and o else '-':>19} | {peaks}")
+        for r in results["decode"]:
+            if r.get("kernels", {}).get("us_per_step"):
+                k = r["kernels"]
+                print(f"profile {r['attn']} {r['variant']} ctx={r['ctx']} B={r['batch']}: {k['launches_per_step']:.0f} kernels, "
+                      f"{k['us_per_step']:.0f} us a step, of which FlexAttention's {k['flex_us_per_step']:.0f} us")
         timed = [f"{r['attn']} {r['variant']} ctx={r['ctx']} B={r['batch']}: {r['compiles_timed']}"
                  for r in results["decode"] if r.get("compiles_timed")]
         print("compiled graphs during timed steps: " + ("; ".join(timed) if timed else "none"))
@@ -659,6 +688,7 @@ def parse_args(argv=None):
     p.add_argument("--kernel_options", type=json.loads, default=None,
                    help="FlexAttention's kernel_options for the fast decoder, as JSON, e.g. '{\"num_stages\": 2}' "
                         "(default: engine.kernel_split's)")
+    p.add_argument("--profile", action="store_true", help="also profile 20 steps of each fast decoder's kernels")
     p.add_argument("--gptfast", help="a folder with gpt-fast's model.py: time its decode loop beside ours")
     p.add_argument("--decode_cache", default="prefill", choices=["prefill", "random"],
                    help="where each round's prompt cache comes from: model.prefill of a random prompt, or random keys "
