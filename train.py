@@ -5,6 +5,7 @@ Train Orthros, or a baseline, on one GPU, on CPU, or on several GPUs with torchr
     python train.py --config small                     # one GPU: about 2 minutes on an H200
     python train.py --config small --attn transformer  # the baselines: transformer | swa
     python train.py --config small --scale_offset false   # the paper's "w/o SO" ablation
+    python train.py --config shakespeare_char          # nanoGPT's character-level benchmark, one GPU
     python train.py --config small --init_from resume  # continue the run in out_dir from ckpt_last.pt
     python train.py --config tiny --task sft --dataset data/sft_example --init_from out/tiny-orthros/ckpt_best.pt
     torchrun --standalone --nproc_per_node=2 train.py --config small   # DistributedDataParallel

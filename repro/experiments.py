@@ -6,7 +6,7 @@ Reproduce the paper's claims at classroom scale, with our own train.py and sampl
     python repro/experiments.py niah             # needle-in-a-haystack grids of the three recall models (Figure 3)
     python repro/experiments.py conversion --seeds 3   # transformer -> orthros vs. continued transformer (Table 2)
     python repro/experiments.py inference        # time to first token and decode speed of the LM models (Table 4)
-    python repro/experiments.py gap --seeds 2    # why Orthros trails at shakespeare_char
+    python repro/experiments.py gap --seeds 3    # why Orthros trails at shakespeare_char
     python repro/experiments.py plots            # PNGs from the JSONs (needs matplotlib)
     python repro/experiments.py recall niah --scale cpu   # the recall_tiny version (window 32), CPU minutes
     python repro/experiments.py all --scale tiny --seeds 2   # every step, tiny: a smoke test
@@ -71,7 +71,7 @@ GAP_TINY = dict(gap="--config shakespeare_char --n_layer 1 --n_head 2 --n_embd 3
 SCALES = {
     "gpu": dict(lm=["--config", "small", "--max_iters", "1500"], recall=["--config", "recall"], recall_data="recall",
                 gap="--config shakespeare_char --eval_interval 100 --eval_iters 10".split(),
-                gap_src="data/torchsrc", gap_iters={"long": 1000, "short": 800},
+                gap_src="data/torchsrc", gap_iters={"long": 800, "short": 600},
                 cont_frac=0.25, niah_lens=[256, 512, 1024, 2048, 4096, 8192], niah_n=100,
                 prompt_lens=[32768], new_tokens=128),
     # CPU scale, for the recall and NIAH results when no GPU time is left: recall_tiny (window 32)
@@ -479,8 +479,8 @@ def step_inference(S):
 
 # Each group: (corpus, dropout, length in S["gap_iters"], models). One seed gives its runs the same
 # initial weights, batches and evaluation batches. "char": data/shakespeare_char, 1.0M characters,
-# seen 16 times in 1000 steps of 64 x 256; "src": S["gap_src"], on the GPU 21M bytes of Python
-# (torch's .py files: GAP_SRC_PREPARE), seen 0.8 times.
+# seen 13 times in 800 steps of 64 x 256; "src": S["gap_src"], on the GPU 21M bytes of Python
+# (torch's .py files: GAP_SRC_PREPARE), seen 0.6 times.
 GAP_GROUPS = {
     "char-d0.2": ("char", "0.2", "long", ("transformer", "orthros")),  # the benchmark, shortened
     "char-d0": ("char", "0.0", "short", ("transformer", "orthros", "orthros_noso")),  # as the paper
@@ -558,8 +558,12 @@ def step_gap(S):
                      "best_val_loss": {arm: stats(values) for arm, values in arms.items()},
                      "comparisons": [gap_compare(evals, a, b, seeds) for a, b in GAP_COMPARISONS],
                      "runs": summary}, S, runs.values())
+    # The costliest first (Orthros runs twice the tokens through its layers): with --parallel below the
+    # run count, the cheap runs fill in at the end instead of one long run trailing alone.
+    cost = lambda run: int(run.given["max_iters"]) * (2 if run.given["attn"] == "orthros" else 1)
     try:
-        launch(runs.values(), S, keep_going=True, tick=lambda: write(every=30.0))
+        launch(sorted(runs.values(), key=cost, reverse=True), S, keep_going=True,
+               tick=lambda: write(every=30.0))
     finally:
         write()
 
@@ -676,8 +680,27 @@ def plot_inference(plt, inf, path):
     fig.tight_layout(), fig.savefig(path, dpi=120)
 
 
+def plot_gap(plt, gap, path):
+    fig, axes = plt.subplots(1, len(gap["groups"]), figsize=(5 * len(gap["groups"]), 3.8), squeeze=False)
+    for ax, group in zip(axes[0], gap["groups"]):
+        for i, model in enumerate(gap["groups"][group][3]):
+            runs = [r for name, r in gap["runs"].items() if name.startswith(f"{group}/{model} ")]
+            n = min((len(r["steps"]) for r in runs), default=0)  # the steps every seed reached
+            if n < 2:
+                continue
+            for key, style in (("val", "-"), ("train", "--")):
+                mean = [statistics.fmean(r[key][j] for r in runs) for j in range(1, n)]
+                ax.plot(runs[0]["steps"][1:n], mean, style, color=f"C{i}", marker=".",
+                        label=f"{model} {key} ({len(runs)} seed{'s' * (len(runs) > 1)})")
+        ax.set(xlabel="step", ylabel="loss (nats per character or byte)", title=group)
+        ax.legend(fontsize=7), ax.grid(alpha=0.3)
+    fig.suptitle(f"Orthros and the Transformer by regime, mean over seeds ({gap['meta']['device']})")
+    fig.tight_layout(), fig.savefig(path, dpi=120)
+
+
 PLOTS = {"lm": (plot_lm, "lm_val_loss"), "recall": (plot_recall, "recall_by_distance"), "niah": (plot_niah, "niah"),
-         "conversion": (plot_conversion, "conversion"), "inference": (plot_inference, "inference")}
+         "conversion": (plot_conversion, "conversion"), "inference": (plot_inference, "inference"),
+         "gap": (plot_gap, "gap")}
 
 
 def step_plots(S):
