@@ -5,6 +5,7 @@ Train Orthros, or a baseline, on one GPU, on CPU, or on several GPUs with torchr
     python train.py --config small                     # one GPU: about 2 minutes on an H200
     python train.py --config small --attn transformer  # the baselines: transformer | swa
     python train.py --config small --scale_offset false   # the paper's "w/o SO" ablation
+    python train.py --config shakespeare_char          # nanoGPT's character-level benchmark, one GPU
     python train.py --config small --init_from resume  # continue the run in out_dir from ckpt_last.pt
     python train.py --config tiny --task sft --dataset data/sft_example --init_from out/tiny-orthros/ckpt_best.pt
     torchrun --standalone --nproc_per_node=2 train.py --config small   # DistributedDataParallel
@@ -105,6 +106,9 @@ CONFIGS = {  # named presets: each sets only what differs from the defaults abov
                  max_iters=150, lr=3e-3, warmup_iters=10, eval_interval=50, eval_iters=5),
     # A GPU command: about 2 minutes on one H200 (hours on a CPU). Head dim 64, window 128 as in the paper.
     "small": dict(),
+    # nanoGPT's shakespeare_char benchmark (its config/train_shakespeare_char.py): one GPU, minutes.
+    "shakespeare_char": dict(dataset="shakespeare_char", seq_len=256, batch_size=64, max_iters=5000,
+                             dropout=0.2, beta2=0.99, eval_iters=200),
     # The recall task (data/recall), SFT from scratch, window 128: 1-2 minutes on one H200.
     "recall": dict(task="sft", dataset="recall", n_layer=2, n_head=4, n_embd=64, window=128, conv_kernel=3,
                    seq_len=2200, batch_size=32, max_iters=3600, lr=3e-3, warmup_iters=50, eval_interval=400,

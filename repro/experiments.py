@@ -6,6 +6,7 @@ Reproduce the paper's claims at classroom scale, with our own train.py and sampl
     python repro/experiments.py niah             # needle-in-a-haystack grids of the three recall models (Figure 3)
     python repro/experiments.py conversion --seeds 3   # transformer -> orthros vs. continued transformer (Table 2)
     python repro/experiments.py inference        # time to first token and decode speed of the LM models (Table 4)
+    python repro/experiments.py gap --seeds 3    # why Orthros trails at shakespeare_char
     python repro/experiments.py plots            # PNGs from the JSONs (needs matplotlib)
     python repro/experiments.py recall niah --scale cpu   # the recall_tiny version (window 32), CPU minutes
     python repro/experiments.py all --scale tiny --seeds 2   # every step, tiny: a smoke test
@@ -61,18 +62,25 @@ RECALL_MODELS = ("orthros", "transformer", "swa")
 CONVERSION_COMPARISONS = [("a_orthros_converted", "b_transformer_cpt"), ("a_orthros_converted", "c_orthros_untrained"),
                           ("c_orthros_untrained", "base_transformer")]
 NIAH_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+# The gap step's models at CPU scale: a smoke test of its wiring, seconds a run.
+GAP_TINY = dict(gap="--config shakespeare_char --n_layer 1 --n_head 2 --n_embd 32 --window 16 "
+                    "--seq_len 32 --batch_size 4 --eval_interval 4 --eval_iters 2 "
+                    "--warmup_iters 2".split(),
+                gap_src="stdlib", gap_iters={"long": 8, "short": 4})
 # How long each run is: "gpu" is sized for minutes on one H200, "tiny" for a CPU smoke test.
 SCALES = {
     "gpu": dict(lm=["--config", "small", "--max_iters", "1500"], recall=["--config", "recall"], recall_data="recall",
+                gap="--config shakespeare_char --eval_interval 100 --eval_iters 10".split(),
+                gap_src="data/torchsrc", gap_iters={"long": 800, "short": 600},
                 cont_frac=0.25, niah_lens=[256, 512, 1024, 2048, 4096, 8192], niah_n=100,
                 prompt_lens=[32768], new_tokens=128),
     # CPU scale, for the recall and NIAH results when no GPU time is left: recall_tiny (window 32)
     "cpu": dict(lm=["--config", "tiny"], recall=["--config", "recall_tiny"], recall_data="recall_tiny",
-                cont_frac=0.25, niah_lens=[64, 128, 256, 300, 512, 1024], niah_n=40,
+                **GAP_TINY, cont_frac=0.25, niah_lens=[64, 128, 256, 300, 512, 1024], niah_n=40,
                 prompt_lens=[4096], new_tokens=64),
     "tiny": dict(lm=["--config", "tiny", "--max_iters", "30", "--eval_interval", "15", "--eval_iters", "2"],
                  recall=["--config", "recall_tiny", "--max_iters", "30", "--eval_interval", "15", "--eval_iters", "2",
-                         "--eval_exact_match", "20"], recall_data="recall_tiny",
+                         "--eval_exact_match", "20"], recall_data="recall_tiny", **GAP_TINY,
                  cont_frac=0.5, niah_lens=[64, 128], niah_n=4, prompt_lens=[512], new_tokens=8),
 }
 
@@ -131,10 +139,11 @@ class Stop(Exception):
         self.status = status
 
 
-def run_all(jobs, parallel, deadline):
-    """Run the (command, log path) jobs, `parallel` at a time. On a failure, on SIGTERM or past
-    the deadline, the running trainings get SIGTERM (train.py then saves ckpt_last.pt) and this
-    process exits: running the same command again continues them."""
+def run_all(jobs, parallel, deadline, keep_going=False, tick=None):
+    """Run the (command, log path) jobs, `parallel` at a time. On a failure (unless keep_going: then
+    the others go on), on SIGTERM or past the deadline, the running trainings get SIGTERM (train.py
+    then saves ckpt_last.pt) and this process exits: running the same command again continues them.
+    tick(), if given, is called twice a second while they run."""
     pending, running = list(jobs), []
     env = {**os.environ}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, min(parallel, len(jobs))))))
@@ -155,7 +164,12 @@ def run_all(jobs, parallel, deadline):
                 running.remove(job)
                 if job[0].returncode != 0:
                     tail = "".join(open(job[2], errors="replace").readlines()[-15:])
-                    raise Stop(f"failed ({job[0].returncode}): {shlex.join(job[1])}\n{tail}see {job[2]}", status=1)
+                    why = f"failed ({job[0].returncode}): {shlex.join(job[1])}\n{tail}see {job[2]}"
+                    if not keep_going:
+                        raise Stop(why, status=1)
+                    print(why, file=sys.stderr, flush=True)
+            if tick is not None:
+                tick()
             time.sleep(0.5)
     except Stop as why:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the clean-up short
@@ -175,7 +189,7 @@ def run_all(jobs, parallel, deadline):
         signal.signal(signal.SIGTERM, previous)
 
 
-def launch(runs, S):
+def launch(runs, S, **run_all_options):
     """Bring every run to its end: finished runs are skipped, the others started, resumed or restarted."""
     runs, jobs = list(runs), []
     for run in runs:
@@ -188,7 +202,7 @@ def launch(runs, S):
     if not jobs:
         return
     t0 = time.time()
-    run_all(jobs, S["parallel"] or len(jobs), S["deadline"])
+    run_all(jobs, S["parallel"] or len(jobs), S["deadline"], **run_all_options)
     print(f"{len(jobs)} runs finished in {time.time() - t0:.0f} s", flush=True)
     unfinished = [str(run.out_dir) for run in runs if run_state(run) != "done"]
     if unfinished:  # e.g. a training stopped by a signal that still exited with status 0
@@ -196,18 +210,23 @@ def launch(runs, S):
                  "run the same command again to continue them")
 
 
-def read_val_curve(out_dir):
-    """[(step, val_loss)] from a run's log.jsonl. A resumed run may log a step twice: the later
-    record wins. A line cut short by a kill is skipped."""
-    val = {}
+def read_evals(out_dir):
+    """{step: evaluation record} from a run's log.jsonl, by step. A resumed run may log a step
+    twice: the later record wins. A line cut short by a kill is skipped."""
+    evals = {}
     for line in open(Path(out_dir) / "log.jsonl"):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
         if "val_loss" in record:
-            val[record["step"]] = record["val_loss"]
-    return sorted(val.items())
+            evals[record["step"]] = record
+    return dict(sorted(evals.items()))
+
+
+def read_val_curve(out_dir):
+    """[(step, val_loss)] from a run's log.jsonl (read_evals)."""
+    return [(step, record["val_loss"]) for step, record in read_evals(out_dir).items()]
 
 
 def read_json(path):
@@ -456,6 +475,100 @@ def step_inference(S):
 
 
 # -----------------------------------------------------------------------------
+# The gap: why Orthros trails the Transformer at nanoGPT's shakespeare_char
+
+# Each group: (corpus, dropout, length in S["gap_iters"], models). One seed gives its runs the same
+# initial weights, batches and evaluation batches. "char": data/shakespeare_char, 1.0M characters,
+# seen 13 times in 800 steps of 64 x 256; "src": S["gap_src"], on the GPU 21M bytes of Python
+# (torch's .py files: GAP_SRC_PREPARE), seen 0.6 times.
+GAP_GROUPS = {
+    "char-d0.2": ("char", "0.2", "long", ("transformer", "orthros")),  # the benchmark, shortened
+    "char-d0": ("char", "0.0", "short", ("transformer", "orthros", "orthros_noso")),  # as the paper
+    "src-d0": ("src", "0.0", "long", ("transformer", "orthros")),  # as the paper, nothing repeats
+}
+GAP_COMPARISONS = [("char-d0.2/orthros", "char-d0.2/transformer"),
+                   ("char-d0/orthros", "char-d0/transformer"),
+                   ("char-d0/orthros_noso", "char-d0/transformer"),
+                   ("char-d0/orthros", "char-d0/orthros_noso"),
+                   ("src-d0/orthros", "src-d0/transformer")]
+GAP_SRC_PREPARE = ("python data/stdlib/prepare.py --max_files 990 --out_dir data/torchsrc "
+                   "--src_dir $(python -c 'import torch; print(torch.__path__[0])')")
+
+
+def gap_runs(S, seeds):
+    data = {"char": "shakespeare_char", "src": S["gap_src"]}
+    return {(f"{group}/{model}", seed): Run(S["out"] / f"gap-{group}-{model}-seed{seed}", [
+        *S["gap"], "--dataset", data[corpus], "--dropout", dropout,
+        "--max_iters", str(S["gap_iters"][length]), *LM_MODELS[model], "--seed", str(seed)])
+        for group, (corpus, dropout, length, models) in GAP_GROUPS.items()
+        for model in models for seed in seeds}
+
+
+def gap_summary(evals, max_iters):
+    """One run's evaluations -> its best val loss (after step 0), the step and train loss there, and
+    its curves."""
+    best = min((r for step, r in evals.items() if step > 0), key=lambda r: r["val_loss"])
+    return {"best_val": best["val_loss"], "best_step": best["step"],
+            "train_at_best": best["train_loss"],
+            "finished": max(evals) >= max_iters, "steps": list(evals),
+            "train": [r["train_loss"] for r in evals.values()],
+            "val": [r["val_loss"] for r in evals.values()]}
+
+
+def gap_compare(evals, a, b, seeds):
+    """a - b in best val loss, seed by seed, each over the steps that both runs reached (so a run
+    cut short by the time limit still pairs with its twin); mean and std of the differences."""
+    per_seed = {}
+    for seed in seeds:
+        ea, eb = evals.get((a, seed), {}), evals.get((b, seed), {})
+        common = sorted(set(ea) & set(eb) - {0})
+        if common:
+            best_a, best_b = (min(e[step]["val_loss"] for step in common) for e in (ea, eb))
+            per_seed[seed] = {"up_to_step": common[-1], "a": best_a, "b": best_b,
+                              "diff": best_a - best_b}
+    diffs = [d["diff"] for d in per_seed.values()]
+    return {"a": a, "b": b, "per_seed": per_seed, **(stats(diffs) if diffs else {})}
+
+
+def step_gap(S):
+    """The Transformer and Orthros in the regimes of GAP_GROUPS, all at once, --seeds seeds. Writes
+    results/gap.json every 30 s while they train and once more at the end, also when --time_limit or
+    a failed run stops them early: what the runs have logged so far is never lost."""
+    seeds = seed_list(S)
+    for name in ("shakespeare_char", S["gap_src"]):
+        if os.sep not in name:
+            ensure_prepared(name)  # once, before the concurrent runs would each try
+        elif not (Path(name) / "meta.json").exists():
+            sys.exit(f"error: {name} is not prepared; make it with\n    {GAP_SRC_PREPARE}")
+    runs, written = gap_runs(S, seeds), [0.0]
+
+    def write(every=0.0):
+        if time.time() - written[0] < every:
+            return
+        written[0] = time.time()
+        logged = {key: run for key, run in runs.items() if (run.out_dir / "log.jsonl").exists()}
+        evals = {key: read_evals(run.out_dir) for key, run in logged.items()}
+        evals = {key: e for key, e in evals.items() if len(e) > 1}  # evaluated after step 0
+        summary = {f"{arm} seed{seed}": gap_summary(e, int(runs[arm, seed].given["max_iters"]))
+                   for (arm, seed), e in evals.items()}
+        arms = {}
+        for arm, seed in evals:
+            arms.setdefault(arm, []).append(summary[f"{arm} seed{seed}"]["best_val"])
+        save("gap", {"seeds": seeds, "groups": GAP_GROUPS,
+                     "best_val_loss": {arm: stats(values) for arm, values in arms.items()},
+                     "comparisons": [gap_compare(evals, a, b, seeds) for a, b in GAP_COMPARISONS],
+                     "runs": summary}, S, runs.values())
+    # The costliest first (Orthros runs twice the tokens through its layers): with --parallel below the
+    # run count, the cheap runs fill in at the end instead of one long run trailing alone.
+    cost = lambda run: int(run.given["max_iters"]) * (2 if run.given["attn"] == "orthros" else 1)
+    try:
+        launch(sorted(runs.values(), key=cost, reverse=True), S, keep_going=True,
+               tick=lambda: write(every=30.0))
+    finally:
+        write()
+
+
+# -----------------------------------------------------------------------------
 # Plots (optional: matplotlib is not a dependency of the repo)
 
 def errors(summaries):
@@ -567,8 +680,27 @@ def plot_inference(plt, inf, path):
     fig.tight_layout(), fig.savefig(path, dpi=120)
 
 
+def plot_gap(plt, gap, path):
+    fig, axes = plt.subplots(1, len(gap["groups"]), figsize=(5 * len(gap["groups"]), 3.8), squeeze=False)
+    for ax, group in zip(axes[0], gap["groups"]):
+        for i, model in enumerate(gap["groups"][group][3]):
+            runs = [r for name, r in gap["runs"].items() if name.startswith(f"{group}/{model} ")]
+            n = min((len(r["steps"]) for r in runs), default=0)  # the steps every seed reached
+            if n < 2:
+                continue
+            for key, style in (("val", "-"), ("train", "--")):
+                mean = [statistics.fmean(r[key][j] for r in runs) for j in range(1, n)]
+                ax.plot(runs[0]["steps"][1:n], mean, style, color=f"C{i}", marker=".",
+                        label=f"{model} {key} ({len(runs)} seed{'s' * (len(runs) > 1)})")
+        ax.set(xlabel="step", ylabel="loss (nats per character or byte)", title=group)
+        ax.legend(fontsize=7), ax.grid(alpha=0.3)
+    fig.suptitle(f"Orthros and the Transformer by regime, mean over seeds ({gap['meta']['device']})")
+    fig.tight_layout(), fig.savefig(path, dpi=120)
+
+
 PLOTS = {"lm": (plot_lm, "lm_val_loss"), "recall": (plot_recall, "recall_by_distance"), "niah": (plot_niah, "niah"),
-         "conversion": (plot_conversion, "conversion"), "inference": (plot_inference, "inference")}
+         "conversion": (plot_conversion, "conversion"), "inference": (plot_inference, "inference"),
+         "gap": (plot_gap, "gap")}
 
 
 def step_plots(S):
@@ -585,7 +717,7 @@ def step_plots(S):
 
 
 STEPS = {"lm": step_lm, "recall": step_recall, "niah": step_niah, "conversion": step_conversion,
-         "inference": step_inference, "plots": step_plots}
+         "inference": step_inference, "gap": step_gap, "plots": step_plots}
 
 
 def main(argv=None):
@@ -599,7 +731,11 @@ def main(argv=None):
                         help="trainings at once (default 0: all of a step's at once on a GPU, one by one otherwise)")
     parser.add_argument("--time_limit", type=float, default=None, metavar="SECONDS",
                         help="stop the trainings (they save checkpoints) after this many seconds; rerun to continue")
+    parser.add_argument("--results", default="results", metavar="DIR",
+                        help="where the JSON files go (default: results)")
     args = parser.parse_args(argv)
+    global RESULTS
+    RESULTS = Path(args.results)
     if args.seeds < 1 or args.parallel < 0:
         parser.error("--seeds must be >= 1 and --parallel >= 0")
     S = {"name": args.scale, **SCALES[args.scale], "seeds": args.seeds, "out": Path("out") / f"exp-{args.scale}",

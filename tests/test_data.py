@@ -22,6 +22,7 @@ from data.recall.prepare import prepare as prepare_recall
 import data.sft
 from data.sft import IGNORE, SFTBatches, collate, encode_example, load_examples, read_jsonl
 from data.shakespeare.prepare import prepare as prepare_shakespeare
+from data.shakespeare_char.prepare import prepare as prepare_shakespeare_char
 from data.stdlib.prepare import prepare as prepare_stdlib
 from data.tokenizer import GPT2_BPE_FILE, GPT2_BPE_SHA256, get_tokenizer
 
@@ -216,6 +217,19 @@ def test_shakespeare_missing_input_is_a_clear_error(tmp_path):
     """A missing --input file raises FileNotFoundError naming it, without trying to download."""
     with pytest.raises(FileNotFoundError, match="nowhere.txt"):
         prepare_shakespeare(tmp_path / "nowhere.txt", tmp_path / "out")
+
+
+def test_shakespeare_char_ids_are_the_characters_and_other_text_is_refused(tmp_path):
+    """shakespeare_char holds each character as its code, 90% in train; non-ASCII is refused."""
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 3
+    (tmp_path / "input.txt").write_text(text)
+    meta = prepare_shakespeare_char(tmp_path / "input.txt", tmp_path / "out")
+    n_train = int(0.9 * len(text))
+    assert read_bin(tmp_path / "out/train.bin") == [ord(c) for c in text[:n_train]]
+    assert meta["train_tokens"] + meta["val_tokens"] == len(text) and meta["tokenizer"] == "byte"
+    (tmp_path / "input.txt").write_text("naïve")
+    with pytest.raises(ValueError, match="not ASCII"):
+        prepare_shakespeare_char(tmp_path / "input.txt", tmp_path / "out")
 
 
 # ----------------------------------------------------------------------------- ensure_prepared

@@ -120,6 +120,31 @@ def test_run_all_fails_clearly_and_stops_at_the_time_limit(tmp_path, capsys):
     assert signal.getsignal(signal.SIGTERM) == before  # the handler was put back
 
 
+def test_gap_pairs_differ_only_in_the_model():
+    """Each comparison of the gap step sets two runs of one seed apart by their model alone."""
+    runs = ex.gap_runs({"out": Path("out"), **ex.SCALES["gpu"]}, [1337, 1338])
+    model_options = {"attn", "scale_offset"}
+    for a, b in ex.GAP_COMPARISONS:
+        for seed in (1337, 1338):
+            given_a, given_b = (runs[arm, seed].given for arm in (a, b))
+            differ = {k for k in given_a | given_b if given_a.get(k) != given_b.get(k)}
+            assert differ and differ <= model_options, (a, b, differ)
+
+
+def test_gap_compares_each_seed_over_the_steps_both_runs_reached():
+    """A run cut short is compared with its twin's best up to the same step; step 0 never counts."""
+    rec = lambda step, val: {"step": step, "train_loss": val - 0.1, "val_loss": val}
+    evals = {("a", 1337): {0: rec(0, 0.5), 100: rec(100, 2.0), 200: rec(200, 1.5)},
+             ("b", 1337): {0: rec(0, 0.5), 100: rec(100, 2.2)},
+             ("a", 1338): {0: rec(0, 5.0), 100: rec(100, 1.9)}}   # b's seed 1338 never evaluated
+    c = ex.gap_compare(evals, "a", "b", [1337, 1338])
+    assert list(c["per_seed"]) == [1337] and c["per_seed"][1337]["up_to_step"] == 100
+    assert c["mean"] == pytest.approx(-0.2) and c["std"] is None
+    summary = ex.gap_summary(evals["a", 1337], max_iters=300)
+    assert (summary["best_val"], summary["best_step"], summary["finished"]) == (1.5, 200, False)
+    assert summary["train_at_best"] == pytest.approx(1.4) and summary["val"] == [0.5, 2.0, 1.5]
+
+
 def test_niah_needles_sit_at_their_depth():
     tok = get_tokenizer("byte")
     lens, depths = [64, 100], [0.0, 0.5, 1.0]

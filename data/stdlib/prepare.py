@@ -45,6 +45,7 @@ def is_val(rel_path, val_fraction):
 def prepare(src_dir=None, out_dir=None, max_files=None, val_fraction=0.1, tokenizer="byte"):
     """Tokenize the .py files under src_dir (default: this Python's stdlib) into out_dir, with the
     tokenizer of that name (data/tokenizer.py: byte, gpt2 or hf:DIR)."""
+    what = f"Python {sys.version.split()[0]} standard library" if src_dir is None else "the"
     src_dir = Path(src_dir or sysconfig.get_paths()["stdlib"])
     out_dir = Path(out_dir or Path(__file__).resolve().parent)
     files = find_files(src_dir)
@@ -69,7 +70,7 @@ def prepare(src_dir=None, out_dir=None, max_files=None, val_fraction=0.1, tokeni
         out_dir, get_tokenizer(tokenizer),
         train_docs=[read(rel) for rel in splits["train"]],
         val_docs=[read(rel) for rel in splits["val"]],
-        source=f"Python {sys.version.split()[0]} standard library .py files under {src_dir}, "
+        source=f"{what} .py files under {src_dir}, "
                f"excluding {sorted(EXCLUDED_DIRS)}; one document per file; split by sha256 of the path",
         val_fraction=val_fraction,
         val_files=[rel.as_posix() for rel in splits["val"]],

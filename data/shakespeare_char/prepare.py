@@ -1,0 +1,40 @@
+"""Tiny Shakespeare at character level: the data of nanoGPT's shakespeare_char benchmark.
+
+    python data/shakespeare_char/prepare.py                  # data/shakespeare/input.txt, downloaded if missing
+    python data/shakespeare_char/prepare.py --input PATH.txt # offline: a local copy
+
+The text is ASCII, so the byte tokenizer gives one id per character: the same ids in the same
+order as nanoGPT's 65-character vocabulary would, in a vocabulary of 257 (of which the text uses
+65). The first 90% of the characters are train, the last 10% val, as in nanoGPT.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # run as a script: make `import data` work from the repo root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from data.shakespeare.prepare import DEFAULT_INPUT, download
+from data.shakespeare.prepare import prepare as prepare_text
+
+
+def prepare(input_path=None, out_dir=None):
+    """Byte-level bins of Tiny Shakespeare (or another ASCII text) in out_dir (default: here)."""
+    input_path = Path(input_path or DEFAULT_INPUT)
+    if input_path == DEFAULT_INPUT and not input_path.exists():
+        download(input_path)
+    if not input_path.read_bytes().isascii():
+        raise ValueError(f"{input_path} is not ASCII, so its bytes are not its characters; "
+                         "use data/shakespeare/prepare.py --tokenizer byte for a byte-level corpus")
+    return prepare_text(input_path, out_dir or Path(__file__).resolve().parent, tokenizer="byte")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", help=f"a local copy of input.txt (default: {DEFAULT_INPUT})")
+    parser.add_argument("--out_dir", help="where to write the bins (default: data/shakespeare_char/)")
+    args = parser.parse_args()
+    try:
+        prepare(args.input, args.out_dir)
+    except (ValueError, OSError, RuntimeError) as e:  # a missing or non-ASCII --input, no network: one line
+        sys.exit(f"error: {e}")
