@@ -181,9 +181,14 @@ class OrthrosAttention(nn.Module):
             k, v = cache.append(k, v)                                          # (B, n_kv_head, S, D)
         k, v = repeat_kv(k, self.n_head), repeat_kv(v, self.n_head)            # (B, H, S, D): each head to its group
         dropout_p = self.dropout if self.training else 0.0
-        # reference_attention's numbers, by the fastest exact kernel for the shape (part 3):
-        o = fast_reference_attention(q, k, v, self.window, self.swa_impl, dropout_p)  # Alg. 1, line 8 (eq. 4)
-        o_out = fast_reference_attention(q_out, k, v, None, self.swa_impl, dropout_p)  # Alg. 1, line 9 (eq. 5)
+        # The one switch of kernels, as nanoGPT's flash-or-manual: "dense" runs reference_attention, eqs. 4
+        # and 5 as written above; every other swa_impl gives the same numbers by faster kernels (part 3).
+        if self.swa_impl == "dense":
+            attention = reference_attention
+        else:
+            attention = functools.partial(fast_reference_attention, swa_impl=self.swa_impl)
+        o = attention(q, k, v, self.window, dropout_p=dropout_p)               # Alg. 1, line 8 (eq. 4)
+        o_out = attention(q_out, k, v, None, dropout_p=dropout_p)              # Alg. 1, line 9 (eq. 5)
         merge = lambda o: o.transpose(1, 2).reshape(B, -1, C)                  # (B, H, rows, D) -> (B, rows, C)
         o, o_out = merge(o), merge(o_out)                                      # Alg. 1, line 10: merge heads
         o = torch.cat([o, o_out], dim=1)                                       # Alg. 1, line 11: (B, T + t_out, C)
@@ -495,43 +500,31 @@ def causal_depthwise_conv(x, weight, state):
 # =============================================================================
 
 def fast_reference_attention(q, k, v, window=None, swa_impl="auto", dropout_p=0.0):
-    """reference_attention(q, k, v, window) of part 1, by the cheapest exact kernel.
+    """reference_attention(q, k, v, window, dropout_p) of part 1, by the cheapest exact kernel.
 
-    q: (B, H, Tq, D), k, v: (B, H, Tk, D); the queries are always the last Tq of the Tk key
-    positions: base tokens (Tq = Tk; fewer when continuing a cache, 1 in decoding) and output tokens.
+    q: (B, H, Tq, D), k, v: (B, H, Tk, D); the queries are the last Tq of the Tk key positions: base
+    tokens (Tq = Tk; fewer when continuing a cache, 1 in decoding) and output tokens.
     """
     Tq, Tk = q.size(-2), k.size(-2)
     if Tq == 0:    # the baselines' (empty) output stream
         return q
-    if swa_impl == "dense":
-        return reference_attention(q, k, v, window, dropout_p)
-    if Tq == 1:
-        # The newest query, t = Tk-1, sees every key, or the last w of them (the keys
-        # in_window(t, j, w) allows): a slice, no mask at all.
-        # NOTE: q (a slice of both streams' queries) and the window of keys are strided views;
-        # contiguous copies (tiny) keep SDPA on its fused kernels instead of a slow fallback.
-        if window is not None:
-            k, v = k[:, :, -window:].contiguous(), v[:, :, -window:].contiguous()
-        return sdpa(q.contiguous(), k, v, dropout_p=dropout_p)
-    if window is None or window >= Tk:
+    if window is not None and Tq < Tk:   # keys older than the first query's window are never read
+        Tk = min(Tk, Tq + window - 1)
+        k, v = k[:, :, -Tk:], v[:, :, -Tk:]
+    if window is None or window >= Tk:   # no key falls out of the window: causal attention
         if Tq == Tk:  # square: is_causal is right, and lets SDPA use its fastest kernels
             return sdpa(q, k, v, is_causal=True, dropout_p=dropout_p)
-        return sdpa(q, k, v, attention_mask(Tq, Tk, None, q.device), dropout_p=dropout_p)
-    if Tq < Tk:
-        # Continuing a cache: the Tq queries see only the last Tq + w - 1 keys. Square them (every path
-        # takes squares) with dummy queries in front, whose rows are dropped.
-        keep = min(Tk, Tq + window - 1)
-        q, k, v = F.pad(q, (0, 0, keep - Tq, 0)), k[:, :, -keep:], v[:, :, -keep:]
-        return fast_reference_attention(q, k, v, window, swa_impl, dropout_p)[:, :, -Tq:]
+        mask = None if Tq == 1 else attention_mask(Tq, Tk, None, q.device)  # (the newest query sees all)
+        # NOTE: q (a slice of both streams' queries) and a window of keys are strided views; contiguous
+        # copies (small) keep SDPA on its fused kernels instead of a slow fallback.
+        return sdpa(q.contiguous(), k.contiguous(), v.contiguous(), mask, dropout_p=dropout_p)
+    pad = Tk - Tq  # a chunk continuing a cache: dummy queries in front make it square; their rows go
+    q = F.pad(q, (0, 0, pad, 0))
     # FlexAttention for "flex" (and "auto" on CUDA); it has no attention dropout, so training
     # with dropout takes the blocked path.
     if (swa_impl == "flex" or (swa_impl == "auto" and q.is_cuda)) and dropout_p == 0.0:
-        if torch.compiler.is_compiling():  # inside compile_blocks(): the few index ops fuse into the graph
-            block_mask = sliding_window_block_mask(Tk, window, q.device)
-        else:
-            block_mask = cached_sliding_window_block_mask(Tk, window, q.device, torch.is_grad_enabled())
-        return flex_sliding_window_attention(q, k, v, block_mask)
-    return blocked_sliding_window_attention(q, k, v, window, dropout_p)
+        return flex_sliding_window_attention(q, k, v, window)[:, :, pad:]
+    return blocked_sliding_window_attention(q, k, v, window, dropout_p)[:, :, pad:]
 
 
 def sdpa(q, k, v, mask=None, is_causal=False, dropout_p=0.0):
@@ -624,12 +617,16 @@ def cached_sliding_window_block_mask(T, window, device, grad_enabled):
 compile_once = functools.cache(torch.compile)  # compile_once(f): torch.compile(f), made on the first call only
 
 
-def flex_sliding_window_attention(q, k, v, block_mask):
+def flex_sliding_window_attention(q, k, v, window):
     """Eq. 4 with FlexAttention: a fused kernel that skips the key blocks outside the window.
-    FlexAttention is fast only when compiled; outside torch.compile we call a compiled copy."""
+    FlexAttention is fast only when compiled: outside torch.compile we call a compiled copy; inside
+    (compile_blocks) the block mask's few index ops fuse into the graph."""
     from torch.nn.attention.flex_attention import flex_attention
-    flex = flex_attention if torch.compiler.is_compiling() else compile_once(flex_attention)
-    return flex(q, k, v, block_mask=block_mask)
+    T = q.size(-2)
+    if torch.compiler.is_compiling():
+        return flex_attention(q, k, v, block_mask=sliding_window_block_mask(T, window, q.device))
+    block_mask = cached_sliding_window_block_mask(T, window, q.device, torch.is_grad_enabled())
+    return compile_once(flex_attention)(q, k, v, block_mask=block_mask)
 
 
 def activation_dtype(weight):

@@ -301,7 +301,7 @@ def keys_seen(attend, T, w, n_q=None):
 
 
 def flex_swa(q, k, v, window):
-    return flex_sliding_window_attention(q, k, v, sliding_window_block_mask(q.size(-2), window, q.device))
+    return flex_sliding_window_attention(q, k, v, window)
 
 
 def test_in_window_is_the_paper_window():
@@ -686,7 +686,7 @@ def test_cuda_fast_swa_matches_float64_reference(impl, T, window):
     ref_grads = torch.autograd.grad(ref_out, ref, dy.double())
     fast = [t.bfloat16().requires_grad_() for t in (q, k, v)]
     if impl == "flex":
-        out = flex_sliding_window_attention(*fast, sliding_window_block_mask(T, window, "cuda"))
+        out = flex_sliding_window_attention(*fast, window)
     else:
         out = blocked_sliding_window_attention(*fast, window)
     grads = torch.autograd.grad(out, fast, dy.bfloat16())
