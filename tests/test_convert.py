@@ -1,11 +1,12 @@
 """
 Converting Hugging Face checkpoints (convert/hf.py), held to transformers itself on CPU.
 
-Tiny random models are built with transformers (LlamaForCausalLM, Qwen2ForCausalLM) and saved
-with save_pretrained, once per session, together with a tokenizer.json built here. They cover
-grouped-query attention (4 query heads over 2 KV heads), SwiGLU, tied and untied heads,
-rope_theta 500000 with Llama 3's RoPE scaling, RMSNorm eps 1e-5 (where it matters), float32 and
-bfloat16, and a sharded checkpoint. The tests prove:
+Tiny random models are built with transformers (LlamaForCausalLM, Qwen2ForCausalLM,
+Qwen3ForCausalLM) and saved with save_pretrained, once per session, together with a tokenizer.json
+built here. They cover grouped-query attention (4 query heads over 2 KV heads), SwiGLU, tied and
+untied heads, rope_theta 500000 with Llama 3's RoPE scaling, RMSNorm eps 1e-5 (where it matters),
+float32 and bfloat16, a sharded checkpoint, and Qwen3's per-head query and key norms with heads of
+width 16 where hidden_size / num_attention_heads is 8. The tests prove:
   - with a window w >= T the converted model gives transformers' logits (paper section 3: with
     identity scale-offsets and a window that covers the sequence, Orthros is the Transformer);
   - with w < T the logits differ beyond the window, and training still equals prefill + decode;
@@ -29,7 +30,8 @@ import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import sample
@@ -91,6 +93,7 @@ def hf(tmp_path_factory):
         "sharded": (llama3, {"max_shard_size": "40KB"}),
         "bf16": (copy.deepcopy(llama3).to(torch.bfloat16), {}),
         "qwen2": (build(Qwen2ForCausalLM, tiny(Qwen2Config, tie_word_embeddings=True, rope_theta=1e6), 2), {}),
+        "qwen3": (build(Qwen3ForCausalLM, tiny(Qwen3Config, head_dim=16, tie_word_embeddings=False, rope_theta=1e6), 3), {}),
     }
     out = {}
     for name, (model, save_args) in made.items():
@@ -125,7 +128,7 @@ def one_line_error(excinfo, *words):
 # -----------------------------------------------------------------------------
 # With w >= T the converted model is the Transformer; with w < T it is Orthros
 
-@pytest.mark.parametrize("name", ["llama3_gqa_untied", "tied_mha", "sharded", "qwen2"])
+@pytest.mark.parametrize("name", ["llama3_gqa_untied", "tied_mha", "sharded", "qwen2", "qwen3"])
 def test_logits_equal_transformers_when_the_window_covers_the_sequence(hf, name):
     """Converted with a window w = T, Orthros gives transformers' logits (max abs difference <= 1e-4, float32), at several T."""
     folder, model = hf[name]
@@ -144,7 +147,7 @@ def test_logits_differ_from_transformers_beyond_the_window(hf):
     assert diff[w:].min() > 100 * TOL
 
 
-@pytest.mark.parametrize("name", ["llama3_gqa_untied", "qwen2"])
+@pytest.mark.parametrize("name", ["llama3_gqa_untied", "qwen2", "qwen3"])
 def test_converted_model_training_equals_prefill_plus_decode(hf, name):
     """The converted model (w < T) gives the same logits in one training forward as in prefill + decode steps."""
     model = converted(hf[name][0], window=8).double()
@@ -305,13 +308,13 @@ def edited_copy(folder, tmp_path, config=None, weights=None, drop=()):
 
 @pytest.mark.parametrize("config,words", [
     ({"architectures": ["GPT2LMHeadModel"]}, ["architectures", "LlamaForCausalLM"]),
-    ({"architectures": ["Qwen3ForCausalLM"]}, ["architectures"]),
+    ({"architectures": ["Qwen3MoeForCausalLM"]}, ["architectures"]),
     ({"attention_bias": True}, ["attention_bias"]),
     ({"mlp_bias": True}, ["mlp_bias"]),
     ({"hidden_act": "gelu"}, ["hidden_act"]),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, ["rope_parameters", "yarn"]),
     ({"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": 2.0}}, ["rope_scaling", "linear"]),
-    ({"head_dim": 16}, ["head_dim"]),
+    ({"head_dim": 15}, ["head_dim"]),   # RoPE turns pairs of channels
     ({"architectures": ["MistralForCausalLM"], "sliding_window": 4096}, ["sliding_window"]),
     ({"architectures": ["MistralForCausalLM"]}, ["sliding_window"]),   # absent: Mistral's default, 4096
     ({"tie_word_embeddings": False}, ["tie_word_embeddings", "lm_head.weight"]),
@@ -333,6 +336,15 @@ def test_weights_that_do_not_convert_exactly_are_refused(hf, tmp_path, weights, 
     """A weight Orthros has no place for (QK-norm, a bias), an untied head said to be tied, or a wrong shape: one line."""
     with pytest.raises(ValueError) as e:
         load_checkpoint(f"hf:{edited_copy(hf['tied_mha'][0], tmp_path, weights=weights)}")
+    one_line_error(e, *words)
+
+
+@pytest.mark.parametrize("config,words", [({"use_sliding_window": True, "sliding_window": 8}, ["use_sliding_window"]),
+                                          ({"attention_bias": True}, ["attention_bias"])])
+def test_qwen3_fields_that_do_not_convert_exactly_are_refused(hf, tmp_path, config, words):
+    """Qwen3's own sliding window, and its biases (on W_O too), are refused in one line naming the field."""
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(f"hf:{edited_copy(hf['qwen3'][0], tmp_path, config)}")
     one_line_error(e, *words)
 
 
@@ -393,9 +405,10 @@ def sample_json(capsys, *args):
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
-def test_sample_greedy_equals_transformers_generate(hf, capsys):
+@pytest.mark.parametrize("name", ["llama3_gqa_untied", "qwen3"])
+def test_sample_greedy_equals_transformers_generate(hf, capsys, name):
     """sample.py --ckpt hf:DIR --temperature 0 (w >= T) generates transformers' generate(do_sample=False), token for token."""
-    folder, model = hf["llama3_gqa_untied"]
+    folder, model = hf[name]
     prompt, n = "w5 w9 w17 w3 w40", 20
     ids = AutoTokenizer.from_pretrained(folder)(prompt, return_tensors="pt")["input_ids"]
     model.generation_config.eos_token_id = None  # all n tokens, as --no_stop
