@@ -43,9 +43,10 @@ def save_checkpoint(path, **state):
     atomic_write(path, lambda f: torch.save({"format": CKPT_FORMAT, **state}, f))
 
 
-def load_checkpoint(path, device="cpu"):
-    """Read a checkpoint that save_checkpoint wrote. weights_only=True: opening a file cannot run code.
-    "hf:DIR" converts the Hugging Face checkpoint in folder DIR instead, with window 128 (convert/hf.py)."""
+def load_checkpoint(path, device="cpu", mmap=False):
+    """Read a checkpoint that save_checkpoint wrote. weights_only=True: opening a file cannot run code; mmap=True
+    leaves the tensors on disk until read. "hf:DIR" converts the Hugging Face checkpoint in folder DIR instead,
+    with window 128 (convert/hf.py)."""
     if str(path).startswith("hf:"):
         from convert.hf import convert_hf  # needs safetensors and tokenizers: imported only for hf:
         folder = Path(str(path)[3:]).expanduser().resolve()
@@ -56,7 +57,7 @@ def load_checkpoint(path, device="cpu"):
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
+        ckpt = torch.load(path, map_location=device, weights_only=True, mmap=mmap)
     except Exception as e:  # torch's own messages run to paragraphs: say why in one sentence
         with open(path, "rb") as f:
             is_zip = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
@@ -72,14 +73,14 @@ def load_checkpoint(path, device="cpu"):
     return ckpt
 
 
-def load_start(init_from, out_dir):
+def load_start(init_from, out_dir, mmap=False):
     """The checkpoint a training run starts from: None ("scratch"), out_dir/ckpt_last.pt ("resume"),
     or the file init_from names. Raises ValueError with what to do when there is none."""
     if init_from == "scratch":
         return None
     path = Path(out_dir) / "ckpt_last.pt" if init_from == "resume" else init_from  # a file, or hf:DIR
     try:
-        return load_checkpoint(path)
+        return load_checkpoint(path, mmap=mmap)
     except (FileNotFoundError, ValueError) as e:
         hint = (". Check --out_dir (or --config and --attn, which set the default out_dir); a run saves "
                 "ckpt_last.pt at every eval and on Ctrl-C") if init_from == "resume" else ""

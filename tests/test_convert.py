@@ -459,6 +459,20 @@ def test_cpt_from_hf_writes_a_checkpoint_that_sample_reads(hf, tmp_path, capsys,
     assert record["samples"][0].startswith("w3 w4")
 
 
+def test_an_hf_start_without_a_config_says_what_runs(hf, tmp_path, monkeypatch, capsys):
+    """train.py --init_from hf:DIR without --config, on a CPU: no note about the small preset (a GPU config), and the
+    config line says it runs the defaults with the model of hf:DIR, whose shape it lists."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    folder = hf["llama3_gqa_untied"][0]
+    (tmp_path / "corpus.txt").write_text(" ".join(WORDS * 20))
+    prepare_text(tmp_path / "corpus.txt", tmp_path / "data", tokenizer=f"hf:{folder}")
+    train.main(["--init_from", f"hf:{folder}", "--dataset", str(tmp_path / "data"), "--seq_len", "16", "--batch_size", "1",
+                "--max_iters", "0", "--eval_iters", "1", "--device", "cpu", "--out_dir", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert "small" not in out
+    assert f"no --config: the defaults, the model of hf:{folder}: " in out and "n_layer=2, n_head=4, n_embd=32" in out
+
+
 def test_a_converted_model_runs_as_its_baselines_and_a_trained_one_does_not(hf):
     """model_from_checkpoint(ckpt, attn=...) drops identity scale-offsets: a converted model runs as its Transformer
     (transformers' logits at any window) and its SWA baseline (transformers' logits within the window only); trained
