@@ -14,7 +14,8 @@ A checkpoint is a dict saved by torch.save, holding only tensors and plain value
     model_config  the OrthrosConfig fields, as a dict
     step          optimizer steps taken
     and, from train.py: optimizer (its state keyed by parameter name), best_val_loss, train_config,
-    config_name, tokenizer, dataset, rng (training_state and restore_training_state).
+    config_name, tokenizer, tokenizer_files (an hf: tokenizer's own files, {name: text}, or None), dataset,
+    rng (training_state and restore_training_state).
 
 Also here: the rules of a run's folder (a run never writes over another run's files, and how to
 resume it), and, because train.py and sample.py both need them and no script imports another, the

@@ -92,7 +92,7 @@ def main(argv=None):
         device = pick_device(args.device)
         path = args.ckpt or find_latest_checkpoint(args.out_dir)
         ckpt = load_checkpoint(path)
-        tokenizer = get_tokenizer(ckpt["tokenizer"])
+        tokenizer = get_tokenizer(ckpt["tokenizer"], ckpt.get("tokenizer_files"))
         if args.chat and getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(f"--chat: the {ckpt['tokenizer']} tokenizer has no chat template; --chat is for "
                              "instruction-tuned Hugging Face models (hf:DIR with a chat template)")

@@ -299,7 +299,7 @@ class Run:
             if ckpt is not None and ckpt["tokenizer"] != self.tokenizer_name:
                 fail(f"the checkpoint uses the {ckpt['tokenizer']!r} tokenizer but the dataset {self.tokenizer_name!r}; "
                      "a model only understands the tokenizer it was trained with")
-            tokenizer = get_tokenizer(self.tokenizer_name)
+            self.tokenizer = tokenizer = get_tokenizer(self.tokenizer_name, (ckpt or {}).get("tokenizer_files"))
             self.batches = (PretrainBatches(self.data_dir, cfg.seq_len, self.device) if cfg.task == "pretrain" else
                             SFTBatches(self.data_dir, tokenizer, cfg.seq_len, cfg.sft_overlong, cfg.curriculum,
                                        self.device, log=self.print))
@@ -342,7 +342,8 @@ class Run:
             return
         save_checkpoint(self.out_dir / "ckpt_last.pt", **state, step=self.step, best_val_loss=self.best_val,
                         model_config=dataclasses.asdict(self.raw_model.config), train_config=dataclasses.asdict(self.cfg),
-                        config_name=self.config_name, tokenizer=self.tokenizer_name, dataset=self.cfg.dataset)
+                        config_name=self.config_name, tokenizer=self.tokenizer_name, dataset=self.cfg.dataset,
+                        tokenizer_files=getattr(self.tokenizer, "files", None))  # hf:'s, to sample anywhere
         if best:
             link_best(self.out_dir)
 

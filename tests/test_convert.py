@@ -357,12 +357,12 @@ def test_missing_shard_is_refused(hf, tmp_path):
 
 
 def test_missing_tokenizer_is_refused(hf, tmp_path):
-    """A folder without tokenizer.json is refused in one line, by the loader and by the tokenizer."""
+    """A folder without tokenizer.json is refused in one line naming the path, by the loader and by the tokenizer."""
     folder = edited_copy(hf["tied_mha"][0], tmp_path, drop=["tokenizer.json"])
     for load in (lambda: load_checkpoint(f"hf:{folder}"), lambda: get_tokenizer(f"hf:{folder}")):
         with pytest.raises(FileNotFoundError) as e:
             load()
-        one_line_error(e, "tokenizer.json")
+        one_line_error(e, str(folder.resolve() / "tokenizer.json"))
 
 
 def test_missing_folder_or_weights_are_refused(hf, tmp_path):
@@ -440,8 +440,10 @@ def test_sample_refuses_a_window_below_one(hf):
 @pytest.mark.parametrize("attn", ["orthros", "transformer"])
 def test_cpt_from_hf_writes_a_checkpoint_that_sample_reads(hf, tmp_path, capsys, attn):
     """train.py --init_from hf:DIR: 20 steps of CPT (Orthros, or the Transformer as Base CPT) on data prepared with the
-    checkpoint's tokenizer write a checkpoint of the converted shape that records its source, and sample.py reads it."""
-    folder = hf["llama3_gqa_untied"][0]
+    checkpoint's tokenizer write a checkpoint of the converted shape that records its source, and sample.py reads it
+    after DIR is gone (the checkpoint holds its tokenizer's files)."""
+    folder = tmp_path / "hf"
+    shutil.copytree(hf["llama3_gqa_untied"][0], folder)
     rng = np.random.default_rng(0)
     (tmp_path / "corpus.txt").write_text(" ".join(rng.choice(WORDS[:20], 3000)))
     prepare_text(tmp_path / "corpus.txt", tmp_path / "data", tokenizer=f"hf:{folder}")
@@ -455,6 +457,7 @@ def test_cpt_from_hf_writes_a_checkpoint_that_sample_reads(hf, tmp_path, capsys,
     config = ckpt["model_config"]
     assert (config["attn"], config["n_kv_head"], config["mlp"], config["tie_embeddings"]) == (attn, 2, "swiglu", False)
     assert config["rope_scaling"] == LLAMA3 and config["norm_eps"] == 1e-5
+    shutil.rmtree(folder)
     record = sample_json(capsys, "--ckpt", str(out / "ckpt_last.pt"), "--prompt", "w3 w4", "--max_new_tokens", "5")
     assert record["samples"][0].startswith("w3 w4")
 
