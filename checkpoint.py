@@ -19,7 +19,7 @@ A checkpoint is a dict saved by torch.save, holding only tensors and plain value
 
 Also here: the rules of a run's folder (a run never writes over another run's files, and how to
 resume it), and, because train.py and sample.py both need them and no script imports another, the
-device (pick_device, sync, compile_works) and the command line's one-line errors (ArgumentParser).
+device (pick_device, cpu_threads, sync, compile_works) and the command line's one-line errors (ArgumentParser).
 """
 
 import argparse
@@ -225,6 +225,15 @@ def pick_device(name="auto"):
     if kind not in ("cuda", "mps", "cpu") or (kind != "cuda" and index):
         raise ValueError(f"unknown device {name!r}: choose auto, cpu, cuda, cuda:N or mps")
     return name
+
+
+def cpu_threads():
+    """Threads for a CPU's many small ops (a decode step runs hundreds): the cores that the 1-minute load
+    average leaves free, at least 1, at most torch's default. NOTE: where every core is busy, each
+    multithreaded op waits for a time slice, milliseconds against its tenth of a millisecond of work."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return max(1, min(torch.get_num_threads(), cores - round(busy)))
 
 
 def compile_works(device):

@@ -19,13 +19,15 @@ numbers, tested); its one-time cost (compiling, capturing the graph) is printed 
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from checkpoint import ArgumentParser, find_latest_checkpoint, load_checkpoint, model_from_checkpoint, pick_device, sync
+from checkpoint import (ArgumentParser, cpu_threads, find_latest_checkpoint, load_checkpoint, model_from_checkpoint,
+                        pick_device, sync)
 from data.tokenizer import get_tokenizer
 
 
@@ -90,6 +92,8 @@ def main(argv=None):
     args, prompt = parse_args(argv)
     try:
         device = pick_device(args.device)
+        if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:  # on busy cores, fewer threads decode faster
+            torch.set_num_threads(cpu_threads())
         path = args.ckpt or find_latest_checkpoint(args.out_dir)
         ckpt = load_checkpoint(path)
         tokenizer = get_tokenizer(ckpt["tokenizer"], ckpt.get("tokenizer_files"))

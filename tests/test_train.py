@@ -662,6 +662,22 @@ def test_cuda_sample_suggests_the_fast_decoder(pretrained, capsys):
     assert "tip:" not in capsys.readouterr().out
 
 
+def test_sample_on_a_cpu_leaves_busy_cores_alone(pretrained, monkeypatch, capsys):
+    """sample.py on a CPU runs as many threads as the 1-minute load average leaves cores free (at least one, at most
+    torch's default), unless OMP_NUM_THREADS names a number: with both of 2 cores busy, one thread."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    default, ran = torch.get_num_threads(), []
+    for load, omp in ((2.3, None), (0.2, None), (2.3, "2")):
+        torch.set_num_threads(default)
+        monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+        if omp:
+            monkeypatch.setenv("OMP_NUM_THREADS", omp)
+        sample.main(["--ckpt", str(pretrained / "ckpt_last.pt"), "--max_new_tokens", "2", "--device", "cpu"])
+        ran.append(torch.get_num_threads())
+    assert ran == [1, min(default, 2), default]
+
+
 def test_sample_finds_the_newest_checkpoint(pretrained, tmp_path, capsys):
     """Without --ckpt, sample.py loads the most recently written checkpoint under --out_dir, in any subfolder."""
     import shutil
