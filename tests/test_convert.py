@@ -418,15 +418,17 @@ def test_sample_greedy_equals_transformers_generate(hf, capsys, name):
     assert record["samples"] == [prompt + get_tokenizer(f"hf:{folder}").decode(theirs)]
 
 
-def test_sample_window_option_converts_with_that_window(hf, capsys):
-    """sample.py --ckpt hf:DIR --window 4 generates what the model converted with window 4 generates."""
+@pytest.mark.parametrize("attn", ["orthros", "swa"])
+def test_sample_window_option_converts_with_that_window(hf, capsys, attn):
+    """sample.py --ckpt hf:DIR --window 4 (--attn swa: as its SWA baseline) generates what the model converted with
+    window 4 generates."""
     folder = hf["llama3_gqa_untied"][0]
     prompt, tok = "w5 w9 w17 w3 w40 w41 w42", get_tokenizer(f"hf:{folder}")
     idx = torch.tensor([tok.encode(prompt)])
-    ours = converted(folder, window=4).generate(idx, 16, temperature=0)[0, idx.size(1):].tolist()
+    ours = converted(folder, window=4, attn=attn).generate(idx, 16, temperature=0)[0, idx.size(1):].tolist()
     assert ours != converted(folder, window=128).generate(idx, 16, temperature=0)[0, idx.size(1):].tolist()
-    record = sample_json(capsys, "--ckpt", f"hf:{folder}", "--window", "4", "--temperature", "0", "--prompt", prompt,
-                         "--max_new_tokens", "16", "--no_stop")
+    record = sample_json(capsys, "--ckpt", f"hf:{folder}", "--window", "4", "--attn", attn, "--temperature", "0",
+                         "--prompt", prompt, "--max_new_tokens", "16", "--no_stop")
     assert record["samples"] == [prompt + tok.decode(ours)]
 
 
