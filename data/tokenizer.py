@@ -175,25 +175,30 @@ class HFTokenizer:
     the EOS token (tokenizer_config.json's eos_token, else config.json's eos_token_id), .bos the
     BOS token or None. The name, "hf:" + the absolute folder, is what checkpoints and meta.json record.
     An instruction-tuned model's chat template (DIR/chat_template.jinja, or tokenizer_config.json's
-    chat_template) is .chat_template, else None; chat(prompt) renders it.
+    chat_template) is .chat_template, else None; chat(prompt) renders it. .files: the texts of
+    the files it read (HF_FILES), which train.py's checkpoints keep: files= reads them back, wherever
+    the folder has gone.
     """
 
-    def __init__(self, folder):
+    def __init__(self, folder, files=None):
         folder = Path(folder).expanduser().resolve()
         self.name = f"hf:{folder}"
-        self.tokenizer = require("tokenizers").Tokenizer.from_file(str(hf_tokenizer_file(folder)))
+        if files is None:
+            hf_tokenizer_file(folder)
+            files = {name: (folder / name).read_text() for name in HF_FILES
+                     if (folder / name).is_file()}
+        self.files = files
+        self.tokenizer = require("tokenizers").Tokenizer.from_str(files["tokenizer.json"])
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
-        settings = _read_json(folder / "tokenizer_config.json")
-        model_config = _read_json(folder / "config.json")
+        settings = json.loads(files.get("tokenizer_config.json", "{}"))
+        model_config = json.loads(files.get("config.json", "{}"))
         self.bos = self._token_id(settings.get("bos_token"), model_config.get("bos_token_id"))
         self.eot = self._token_id(settings.get("eos_token"), model_config.get("eos_token_id"))
         if self.eot is None:
             raise ValueError(f"{folder}: no EOS token (neither tokenizer_config.json's eos_token nor "
                              "config.json's eos_token_id names one); add eos_token to tokenizer_config.json")
-        template = settings.get("chat_template")
-        if (folder / "chat_template.jinja").is_file():
-            template = (folder / "chat_template.jinja").read_text()
-        elif isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+        template = files.get("chat_template.jinja", settings.get("chat_template"))
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
             template = {t["name"]: t["template"] for t in template}.get("default")
         self.chat_template = template
 
@@ -221,11 +226,11 @@ class HFTokenizer:
 
 
 def hf_tokenizer_file(folder):
-    """folder/tokenizer.json, or a one-line FileNotFoundError."""
+    """folder/tokenizer.json, or a one-line FileNotFoundError that names the path."""
     path = Path(folder) / "tokenizer.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{folder} has no tokenizer.json: an hf: checkpoint is read with its own tokenizer; "
-                                "save it beside the weights (tokenizer.save_pretrained(DIR) in transformers)")
+        raise FileNotFoundError(f"no {path}: an hf: checkpoint is read with its own tokenizer; save "
+                                "it beside the weights (tokenizer.save_pretrained(DIR) in transformers)")
     return path
 
 
@@ -238,17 +243,15 @@ def require(module):
         raise ImportError(f"hf: checkpoints need the {package} package: pip install {package}") from None
 
 
-def _read_json(path):
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 TOKENIZERS = {"byte": ByteTokenizer, "gpt2": GPT2Tokenizer}
+HF_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json")  # HFTokenizer's
 
 
-def get_tokenizer(name):
-    """The tokenizer called name: "byte", "gpt2", or "hf:DIR" (a Hugging Face checkpoint folder's)."""
+def get_tokenizer(name, files=None):
+    """The tokenizer called name: "byte", "gpt2", or "hf:DIR" (a Hugging Face checkpoint folder's; read
+    from files, {file name: text}, where given: a checkpoint's copy)."""
     if name.startswith("hf:"):
-        return HFTokenizer(name[3:])
+        return HFTokenizer(name[3:], files)
     if name not in TOKENIZERS:
         raise ValueError(f"unknown tokenizer {name!r}; choose one of {sorted(TOKENIZERS)} or hf:DIR")
     return TOKENIZERS[name]()

@@ -105,7 +105,8 @@ def decode_bytes(cfg, n_params, batch, keys, dtype_bytes=2):
     Rows read past the valid prefix (the rest of the fast decoder's last key block) and the naive
     cache's copies are not counted: they are overhead, not work."""
     keys_read = min(keys, cfg.window) if cfg.attn == "swa" else keys
-    kv_width = cfg.n_embd // cfg.n_head * (getattr(cfg, "n_kv_head", None) or cfg.n_head)
+    D = getattr(cfg, "head_dim", None) or cfg.n_embd // cfg.n_head
+    kv_width = D * (getattr(cfg, "n_kv_head", None) or cfg.n_head)
     return n_params * dtype_bytes + cfg.n_layer * 2 * batch * keys_read * kv_width * dtype_bytes
 
 

@@ -80,6 +80,7 @@ def layer_in(block, z, k_cache, v_cache, conv_state, pos, rope, weights):
         x, new_state = causal_depthwise_conv(h[:, :1], attn.conv.weight, conv_state)
         conv_state.copy_(new_state)
         q, k, v = attn.c_q(h), attn.c_k(x), attn.c_v(x)
+    q, k = attn.head_norm(q, attn.q_norm), attn.head_norm(k, attn.k_norm)   # qk_norm only (orthros.py)
     if alpha is not None:                                # Alg. 1, line 5: each twin's alpha * q + beta
         q = torch.addcmul(beta, alpha, q)
     cos, sin = rope                                      # Alg. 1, lines 6-7: both twins sit at pos
@@ -91,7 +92,7 @@ def layer_in(block, z, k_cache, v_cache, conv_state, pos, rope, weights):
 
 def layer_out(block, z, y):
     """Alg. 1, lines 10-12, and Alg. 2, lines 5-7: z (B, L, C) and the attention's output y (B, H, L, D)."""
-    z = z + block.attn.c_proj(y.transpose(1, 2).reshape(z.shape))
+    z = z + block.attn.c_proj(y.transpose(1, 2).flatten(2))   # (B, L, H * D)
     return z + block.mlp(block.ln_2(z))
 
 

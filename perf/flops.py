@@ -23,19 +23,21 @@ def attended_pairs(T, window=None, n_q=None):
 def forward_flops(cfg, T, t_out, lm_head_tokens=None):
     """FLOPs of one forward over one sequence of T tokens whose last t_out are output positions
     (pre-training t_out = T, prefill t_out = 1), for cfg.attn. Per layer:
-      token-wise: W_Q, W_O (2C^2) and the MLP (8C^2 by default) on every token that flows through
-        the layer (Orthros: T base + t_out output tokens), W_K, W_V (2C^2, less with grouped-query
-        attention) on the T base tokens only;
-      attention: QK^T and PV, 2 * 2 * C FLOPs per (query, key) pair (C = n_head * head_dim);
+      token-wise: W_Q, W_O (2 C C_q, C_q = n_head * head_dim: C unless head_dim says otherwise) and
+        the MLP (8C^2 by default) on every token that flows through the layer (Orthros: T base +
+        t_out output tokens), W_K, W_V (2 C C_q, less with grouped-query attention) on the T base
+        tokens only;
+      attention: QK^T and PV, 2 * 2 * C_q FLOPs per (query, key) pair;
         Transformer: causal, T(T+1)/2 pairs; SWA and Orthros's base tokens: <= w keys per query;
         Orthros's output tokens: full causal cross-attention of its t_out queries.
     Plus the LM head, 2 C V per position with logits (t_out of them: prefill returns 1)."""
     C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
-    kv_width = C // cfg.n_head * (getattr(cfg, "n_kv_head", None) or cfg.n_head)
+    D = getattr(cfg, "head_dim", None) or C // cfg.n_head
+    C_q, kv_width = D * cfg.n_head, D * (getattr(cfg, "n_kv_head", None) or cfg.n_head)
     hidden = getattr(cfg, "mlp_hidden", None) or 4 * C
     mlp = (3 if getattr(cfg, "mlp", "gelu") == "swiglu" else 2) * C * hidden
     n_tokens = T + t_out if cfg.attn == "orthros" else T
-    tokenwise = 2 * ((2 * C * C + mlp) * n_tokens + 2 * C * kv_width * T)
+    tokenwise = 2 * ((2 * C * C_q + mlp) * n_tokens + 2 * C * kv_width * T)
     if cfg.attn == "transformer":
         pairs = attended_pairs(T)
     else:
@@ -43,7 +45,7 @@ def forward_flops(cfg, T, t_out, lm_head_tokens=None):
         if cfg.attn == "orthros":
             pairs += attended_pairs(T, None, n_q=t_out)
     lm_head = 2 * C * V * (t_out if lm_head_tokens is None else lm_head_tokens)
-    return L * (tokenwise + 4 * C * pairs) + lm_head
+    return L * (tokenwise + 4 * C_q * pairs) + lm_head
 
 
 def prefill_flop_limits(cfg, T, attn):

@@ -16,7 +16,8 @@ eval measures, for each model, on the same held-out text:
 The models: "original" is transformers' own LlamaForCausalLM; "orthros" and "swa" are built from the same
 weights at window w (identity scale-offsets; SWA drops the output stream). cpt trains each with train.py on the
 standard library's train split (--attn orthros | transformer | swa, the same steps and data) and evaluates them.
-Each step writes results/smollm2_<step>[_<device>].json with its commands, device, date and commit.
+Each step writes results/smollm2_<step>[_<device>].json with its commands, device, date and commit; eval
+writes out/smollm2_eval_<device>.json instead, so that a re-run keeps the committed file (--out names another).
 """
 
 import argparse
@@ -132,9 +133,9 @@ def evaluate(models, tokenizer, args, device):
     return results
 
 
-def save(step, record, device):
+def save(step, record, device, path=None):
     suffix = "" if torch.device(device).type == "cuda" else f"_{torch.device(device).type}"
-    path = REPO / "results" / f"smollm2_{step}{suffix}.json"
+    path = path or REPO / "results" / f"smollm2_{step}{suffix}.json"
     atomic_write(path, lambda f: f.write(json.dumps({**record, "meta": run_meta(device), "command": " ".join(sys.argv)}, indent=1) + "\n"), mode="w")
     print(f"wrote {path}")
 
@@ -158,12 +159,14 @@ def main(argv=None):
     parser.add_argument("--lr", type=float, default=1e-4, help="cpt: peak learning rate")
     parser.add_argument("--lengths", default="32768,131072", help="prefill: prompt lengths")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--out", help="eval: the JSON to write (default: out/smollm2_eval_<device>.json)")
     args = parser.parse_args(argv)
     device, hf = pick_device(args.device), f"hf:{Path(args.hf).resolve()}"
     tokenizer = get_tokenizer(hf)
     if args.step == "eval":
         models = [("original", hf, "hf"), ("orthros", hf, "orthros"), ("swa", hf, "swa")]
-        save("eval", evaluate((Model(*m, args.window, device) for m in models), tokenizer, args, device), device)
+        out = args.out or REPO / "out" / f"smollm2_eval_{torch.device(device).type}.json"
+        save("eval", evaluate((Model(*m, args.window, device) for m in models), tokenizer, args, device), device, out)
     elif args.step == "cpt":
         data = REPO / "data" / "smollm2_stdlib"
         if not (data / "val.bin").exists():

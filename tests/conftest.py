@@ -39,6 +39,15 @@ def pytest_sessionfinish(session):
         shutil.rmtree(out.parent, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def torch_threads():
+    """Each test starts with torch's thread count as the session began (sample.main lowers it on busy cores)."""
+    import torch
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def recall_runs():
     """recall_micro trained once per test session, for SWA and Orthros: {attn: out_dir}. test_train.py's

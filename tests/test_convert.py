@@ -1,11 +1,12 @@
 """
 Converting Hugging Face checkpoints (convert/hf.py), held to transformers itself on CPU.
 
-Tiny random models are built with transformers (LlamaForCausalLM, Qwen2ForCausalLM) and saved
-with save_pretrained, once per session, together with a tokenizer.json built here. They cover
-grouped-query attention (4 query heads over 2 KV heads), SwiGLU, tied and untied heads,
-rope_theta 500000 with Llama 3's RoPE scaling, RMSNorm eps 1e-5 (where it matters), float32 and
-bfloat16, and a sharded checkpoint. The tests prove:
+Tiny random models are built with transformers (LlamaForCausalLM, Qwen2ForCausalLM,
+Qwen3ForCausalLM) and saved with save_pretrained, once per session, together with a tokenizer.json
+built here. They cover grouped-query attention (4 query heads over 2 KV heads), SwiGLU, tied and
+untied heads, rope_theta 500000 with Llama 3's RoPE scaling, RMSNorm eps 1e-5 (where it matters),
+float32 and bfloat16, a sharded checkpoint, and Qwen3's per-head query and key norms with heads of
+width 16 where hidden_size / num_attention_heads is 8. The tests prove:
   - with a window w >= T the converted model gives transformers' logits (paper section 3: with
     identity scale-offsets and a window that covers the sequence, Orthros is the Transformer);
   - with w < T the logits differ beyond the window, and training still equals prefill + decode;
@@ -29,7 +30,8 @@ import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import sample
@@ -91,6 +93,7 @@ def hf(tmp_path_factory):
         "sharded": (llama3, {"max_shard_size": "40KB"}),
         "bf16": (copy.deepcopy(llama3).to(torch.bfloat16), {}),
         "qwen2": (build(Qwen2ForCausalLM, tiny(Qwen2Config, tie_word_embeddings=True, rope_theta=1e6), 2), {}),
+        "qwen3": (build(Qwen3ForCausalLM, tiny(Qwen3Config, head_dim=16, tie_word_embeddings=False, rope_theta=1e6), 3), {}),
     }
     out = {}
     for name, (model, save_args) in made.items():
@@ -125,7 +128,7 @@ def one_line_error(excinfo, *words):
 # -----------------------------------------------------------------------------
 # With w >= T the converted model is the Transformer; with w < T it is Orthros
 
-@pytest.mark.parametrize("name", ["llama3_gqa_untied", "tied_mha", "sharded", "qwen2"])
+@pytest.mark.parametrize("name", ["llama3_gqa_untied", "tied_mha", "sharded", "qwen2", "qwen3"])
 def test_logits_equal_transformers_when_the_window_covers_the_sequence(hf, name):
     """Converted with a window w = T, Orthros gives transformers' logits (max abs difference <= 1e-4, float32), at several T."""
     folder, model = hf[name]
@@ -144,7 +147,7 @@ def test_logits_differ_from_transformers_beyond_the_window(hf):
     assert diff[w:].min() > 100 * TOL
 
 
-@pytest.mark.parametrize("name", ["llama3_gqa_untied", "qwen2"])
+@pytest.mark.parametrize("name", ["llama3_gqa_untied", "qwen2", "qwen3"])
 def test_converted_model_training_equals_prefill_plus_decode(hf, name):
     """The converted model (w < T) gives the same logits in one training forward as in prefill + decode steps."""
     model = converted(hf[name][0], window=8).double()
@@ -305,13 +308,13 @@ def edited_copy(folder, tmp_path, config=None, weights=None, drop=()):
 
 @pytest.mark.parametrize("config,words", [
     ({"architectures": ["GPT2LMHeadModel"]}, ["architectures", "LlamaForCausalLM"]),
-    ({"architectures": ["Qwen3ForCausalLM"]}, ["architectures"]),
+    ({"architectures": ["Qwen3MoeForCausalLM"]}, ["architectures"]),
     ({"attention_bias": True}, ["attention_bias"]),
     ({"mlp_bias": True}, ["mlp_bias"]),
     ({"hidden_act": "gelu"}, ["hidden_act"]),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, ["rope_parameters", "yarn"]),
     ({"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": 2.0}}, ["rope_scaling", "linear"]),
-    ({"head_dim": 16}, ["head_dim"]),
+    ({"head_dim": 15}, ["head_dim"]),   # RoPE turns pairs of channels
     ({"architectures": ["MistralForCausalLM"], "sliding_window": 4096}, ["sliding_window"]),
     ({"architectures": ["MistralForCausalLM"]}, ["sliding_window"]),   # absent: Mistral's default, 4096
     ({"tie_word_embeddings": False}, ["tie_word_embeddings", "lm_head.weight"]),
@@ -336,6 +339,15 @@ def test_weights_that_do_not_convert_exactly_are_refused(hf, tmp_path, weights, 
     one_line_error(e, *words)
 
 
+@pytest.mark.parametrize("config,words", [({"use_sliding_window": True, "sliding_window": 8}, ["use_sliding_window"]),
+                                          ({"attention_bias": True}, ["attention_bias"])])
+def test_qwen3_fields_that_do_not_convert_exactly_are_refused(hf, tmp_path, config, words):
+    """Qwen3's own sliding window, and its biases (on W_O too), are refused in one line naming the field."""
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(f"hf:{edited_copy(hf['qwen3'][0], tmp_path, config)}")
+    one_line_error(e, *words)
+
+
 def test_missing_shard_is_refused(hf, tmp_path):
     """A shard that the index lists but the folder lacks is named in one line."""
     shard = sorted(p.name for p in hf["sharded"][0].glob("model-*.safetensors"))[1]
@@ -345,12 +357,12 @@ def test_missing_shard_is_refused(hf, tmp_path):
 
 
 def test_missing_tokenizer_is_refused(hf, tmp_path):
-    """A folder without tokenizer.json is refused in one line, by the loader and by the tokenizer."""
+    """A folder without tokenizer.json is refused in one line naming the path, by the loader and by the tokenizer."""
     folder = edited_copy(hf["tied_mha"][0], tmp_path, drop=["tokenizer.json"])
     for load in (lambda: load_checkpoint(f"hf:{folder}"), lambda: get_tokenizer(f"hf:{folder}")):
         with pytest.raises(FileNotFoundError) as e:
             load()
-        one_line_error(e, "tokenizer.json")
+        one_line_error(e, str(folder.resolve() / "tokenizer.json"))
 
 
 def test_missing_folder_or_weights_are_refused(hf, tmp_path):
@@ -393,9 +405,10 @@ def sample_json(capsys, *args):
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
-def test_sample_greedy_equals_transformers_generate(hf, capsys):
+@pytest.mark.parametrize("name", ["llama3_gqa_untied", "qwen3"])
+def test_sample_greedy_equals_transformers_generate(hf, capsys, name):
     """sample.py --ckpt hf:DIR --temperature 0 (w >= T) generates transformers' generate(do_sample=False), token for token."""
-    folder, model = hf["llama3_gqa_untied"]
+    folder, model = hf[name]
     prompt, n = "w5 w9 w17 w3 w40", 20
     ids = AutoTokenizer.from_pretrained(folder)(prompt, return_tensors="pt")["input_ids"]
     model.generation_config.eos_token_id = None  # all n tokens, as --no_stop
@@ -405,15 +418,17 @@ def test_sample_greedy_equals_transformers_generate(hf, capsys):
     assert record["samples"] == [prompt + get_tokenizer(f"hf:{folder}").decode(theirs)]
 
 
-def test_sample_window_option_converts_with_that_window(hf, capsys):
-    """sample.py --ckpt hf:DIR --window 4 generates what the model converted with window 4 generates."""
+@pytest.mark.parametrize("attn", ["orthros", "swa"])
+def test_sample_window_option_converts_with_that_window(hf, capsys, attn):
+    """sample.py --ckpt hf:DIR --window 4 (--attn swa: as its SWA baseline) generates what the model converted with
+    window 4 generates."""
     folder = hf["llama3_gqa_untied"][0]
     prompt, tok = "w5 w9 w17 w3 w40 w41 w42", get_tokenizer(f"hf:{folder}")
     idx = torch.tensor([tok.encode(prompt)])
-    ours = converted(folder, window=4).generate(idx, 16, temperature=0)[0, idx.size(1):].tolist()
+    ours = converted(folder, window=4, attn=attn).generate(idx, 16, temperature=0)[0, idx.size(1):].tolist()
     assert ours != converted(folder, window=128).generate(idx, 16, temperature=0)[0, idx.size(1):].tolist()
-    record = sample_json(capsys, "--ckpt", f"hf:{folder}", "--window", "4", "--temperature", "0", "--prompt", prompt,
-                         "--max_new_tokens", "16", "--no_stop")
+    record = sample_json(capsys, "--ckpt", f"hf:{folder}", "--window", "4", "--attn", attn, "--temperature", "0",
+                         "--prompt", prompt, "--max_new_tokens", "16", "--no_stop")
     assert record["samples"] == [prompt + tok.decode(ours)]
 
 
@@ -427,8 +442,10 @@ def test_sample_refuses_a_window_below_one(hf):
 @pytest.mark.parametrize("attn", ["orthros", "transformer"])
 def test_cpt_from_hf_writes_a_checkpoint_that_sample_reads(hf, tmp_path, capsys, attn):
     """train.py --init_from hf:DIR: 20 steps of CPT (Orthros, or the Transformer as Base CPT) on data prepared with the
-    checkpoint's tokenizer write a checkpoint of the converted shape that records its source, and sample.py reads it."""
-    folder = hf["llama3_gqa_untied"][0]
+    checkpoint's tokenizer write a checkpoint of the converted shape that records its source, and sample.py reads it
+    after DIR is gone (the checkpoint holds its tokenizer's files)."""
+    folder = tmp_path / "hf"
+    shutil.copytree(hf["llama3_gqa_untied"][0], folder)
     rng = np.random.default_rng(0)
     (tmp_path / "corpus.txt").write_text(" ".join(rng.choice(WORDS[:20], 3000)))
     prepare_text(tmp_path / "corpus.txt", tmp_path / "data", tokenizer=f"hf:{folder}")
@@ -442,8 +459,23 @@ def test_cpt_from_hf_writes_a_checkpoint_that_sample_reads(hf, tmp_path, capsys,
     config = ckpt["model_config"]
     assert (config["attn"], config["n_kv_head"], config["mlp"], config["tie_embeddings"]) == (attn, 2, "swiglu", False)
     assert config["rope_scaling"] == LLAMA3 and config["norm_eps"] == 1e-5
+    shutil.rmtree(folder)
     record = sample_json(capsys, "--ckpt", str(out / "ckpt_last.pt"), "--prompt", "w3 w4", "--max_new_tokens", "5")
     assert record["samples"][0].startswith("w3 w4")
+
+
+def test_an_hf_start_without_a_config_says_what_runs(hf, tmp_path, monkeypatch, capsys):
+    """train.py --init_from hf:DIR without --config, on a CPU: no note about the small preset (a GPU config), and the
+    config line says it runs the defaults with the model of hf:DIR, whose shape it lists."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    folder = hf["llama3_gqa_untied"][0]
+    (tmp_path / "corpus.txt").write_text(" ".join(WORDS * 20))
+    prepare_text(tmp_path / "corpus.txt", tmp_path / "data", tokenizer=f"hf:{folder}")
+    train.main(["--init_from", f"hf:{folder}", "--dataset", str(tmp_path / "data"), "--seq_len", "16", "--batch_size", "1",
+                "--max_iters", "0", "--eval_iters", "1", "--device", "cpu", "--out_dir", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert "small" not in out
+    assert f"no --config: the defaults, the model of hf:{folder}: " in out and "n_layer=2, n_head=4, n_embd=32" in out
 
 
 def test_a_converted_model_runs_as_its_baselines_and_a_trained_one_does_not(hf):

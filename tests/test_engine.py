@@ -26,8 +26,8 @@ VOCAB, BATCH, MAX_LEN = 61, 2, 400
 # (prompt length, decode steps): the longest first, so that later prompts leave stale rows behind.
 # They cross the blocks at 384, 128 and 256 keys, and start inside and outside the window (8).
 SEGMENTS = [(380, 10), (1, 10), (122, 8), (251, 7)]
-CASES = {"orthros": ("orthros", 0), "orthros+conv": ("orthros", 3), "transformer": ("transformer", 0),
-         "swa": ("swa", 0)}
+CASES = {"orthros": ("orthros", 0, {}), "orthros+conv": ("orthros", 3, {}), "transformer": ("transformer", 0, {}),
+         "swa": ("swa", 0, {}), "orthros+qk_norm": ("orthros", 0, {"n_embd": 24, "head_dim": 8, "qk_norm": True})}
 
 
 def make_model(attn="orthros", conv_kernel=0, dtype=torch.float32, **overrides):
@@ -73,8 +73,8 @@ def runs():
 
     out = {"decoders": {}}
     gen = torch.Generator().manual_seed(1)
-    for case, (attn, conv_kernel) in CASES.items():
-        model = make_model(attn, conv_kernel)
+    for case, (attn, conv_kernel, options) in CASES.items():
+        model = make_model(attn, conv_kernel, **options)
         if attn == "orthros":
             fast, graphs = FastDecoder(model, BATCH, MAX_LEN), unique_graphs
         else:
@@ -321,7 +321,7 @@ def test_sampling_draws_anew_each_step_and_repeats_with_the_seed(device):
 
 # Every case of CASES, and one with the options for Llama-architecture models: grouped-query
 # attention (FlexAttention's enable_gqa: 2 query heads per key/value head) and a SwiGLU MLP.
-CUDA_CASES = {**{case: (attn, conv, {}) for case, (attn, conv) in CASES.items()},
+CUDA_CASES = {**CASES, "orthros+qk_norm": ("orthros", 0, {"n_embd": 24, "head_dim": 32, "qk_norm": True}),  # D >= 16
               "orthros+gqa+swiglu": ("orthros", 0, {"n_head": 4, "n_kv_head": 2, "mlp": "swiglu"})}
 
 
@@ -394,6 +394,19 @@ def test_decode_bytes_counts_the_prefix_once_and_swa_its_window():
     assert decode_bytes(cfg["orthros"], 1000, 3, 100) == decode_bytes(cfg["transformer"], 1000, 3, 100)
     assert decode_bytes(cfg["swa"], 1000, 3, 100) == 1000 * 2 + 3 * 8 * kv_per_key
     assert decode_bytes(cfg["swa"], 1000, 3, 5) == 1000 * 2 + 3 * 5 * kv_per_key
+
+
+def test_forward_flops_counts_every_matmul_with_any_head_width():
+    """perf/flops.py's count of one token's forward is torch's FlopCounterMode's (the reference attention's
+    matmuls), with heads of width 8 where n_embd / n_head is 12, grouped-query attention, SwiGLU, an untied head."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from perf.flops import forward_flops
+    for attn in ATTN_TYPES:
+        model = make_model(attn, n_embd=24, head_dim=8, n_kv_head=1, mlp="swiglu", mlp_hidden=40, tie_embeddings=False,
+                           swa_impl="dense")
+        with FlopCounterMode(display=False) as counter:
+            model(torch.zeros(1, 1, dtype=torch.long))
+        assert counter.get_total_flops() == forward_flops(model.config, 1, 1), attn
 
 
 def test_bench_tiny_cpu_smoke_runs_every_section(tmp_path, runs):
