@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from data.prepare_utils import atomic_write
-from orthros import SCALE_OFFSETS, Orthros, OrthrosConfig
+from orthros import Orthros, OrthrosConfig, identity_scale_offset
 
 CKPT_FORMAT = "orthros-checkpoint-v1"
 
@@ -96,12 +96,12 @@ def model_from_checkpoint(ckpt, **config_overrides):
     with torch.device("meta"):  # no memory and no random init for weights about to be replaced (an 8B model's 32 GB)
         model = Orthros(OrthrosConfig(**{**ckpt["model_config"], **config_overrides}))
     own, state = model.state_dict(), dict(ckpt["model"])
-    identity = lambda name: 1.0 if "alpha" in name.rsplit(".", 1)[-1] else 0.0   # Alg. 1, line 5: q = 1 * (x W_Q) + 0
+    like = state["wte.weight"]
     for name in own.keys() - state.keys():  # scale-offsets the checkpoint lacks (a Transformer's): the identity
-        if name.rsplit(".", 1)[-1] in SCALE_OFFSETS:
-            state[name] = torch.full_like(own[name], identity(name), device=state["wte.weight"].device, dtype=state["wte.weight"].dtype)
+        if identity_scale_offset(name) is not None:
+            state[name] = torch.full(own[name].shape, identity_scale_offset(name), device=like.device, dtype=like.dtype)
     for name in state.keys() - own.keys():  # scale-offsets a baseline lacks: only the identity may go
-        if name.rsplit(".", 1)[-1] in SCALE_OFFSETS and not bool((state.pop(name) == identity(name)).all()):
+        if identity_scale_offset(name) is not None and not bool((state.pop(name) == identity_scale_offset(name)).all()):
             raise ValueError(f"{name} is trained (not the identity): this Orthros has no {model.config.attn} baseline")
     model.load_state_dict(state, assign=True)   # the checkpoint's own tensors, in their dtype
     if model.config.tie_embeddings:

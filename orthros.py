@@ -50,8 +50,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 ATTN_TYPES = ("orthros", "transformer", "swa")
 SWA_IMPLS = ("auto", "flex", "blocked", "dense")
 MLP_TYPES = ("gelu", "swiglu")
-LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-SCALE_OFFSETS = ("alpha", "beta", "alpha_out", "beta_out")  # the scale-offsets of every layer (Alg. 1, line 5)
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+                    "original_max_position_embeddings")
+SCALE_OFFSETS = ("alpha", "beta", "alpha_out", "beta_out")  # of every layer (Alg. 1, line 5)
 IGNORE = -1  # the target of a position that is not trained (cross_entropy's ignore_index)
 
 
@@ -71,14 +72,14 @@ class OrthrosConfig:
     max_seq_len: int = 2048      # longest sequence (prompt + generated) the model accepts
     rope_base: float = 10000.0
     dropout: float = 0.0
-    conv_kernel: int = 0         # not in the paper: 0 = off (part 2); e.g. 3 for the tiny recall models
-    swa_impl: str = "auto"       # which kernel computes the attention: part 3 ("dense" = the reference)
-    n_kv_head: int | None = None      # grouped-query attention: K, V heads (None = n_head), each shared by a group of query heads
+    conv_kernel: int = 0         # not in the paper (part 2): 0 = off; 3 for the tiny recall models
+    swa_impl: str = "auto"       # the attention's kernel: "dense" = the reference; the rest: part 3
+    n_kv_head: int | None = None      # grouped-query attention: K, V heads (None = n_head)
     mlp: str = "gelu"                 # "gelu" | "swiglu" (Llama's gated MLP)
     mlp_hidden: int | None = None     # the MLP's hidden width (None = 4 * n_embd)
-    tie_embeddings: bool = True       # the LM head is the input embedding (False: a matrix of its own)
+    tie_embeddings: bool = True       # the LM head is the input embedding (False: its own)
     norm_eps: float | None = None     # RMSNorm's epsilon (None = torch's default, the dtype's eps)
-    rope_scaling: dict | None = None  # None, or Llama 3's {"rope_type": "llama3", "factor": ..., ...} (part 2)
+    rope_scaling: dict | None = None  # None, or Llama 3's {"rope_type": "llama3", ...} (part 2)
     qkv_bias: bool = False            # biases on W_Q, W_K, W_V (Qwen2 has them)
     qk_norm: bool = False             # RMSNorm of each query and key head, before RoPE (Qwen3)
     head_dim: int | None = None       # each head's width (None = n_embd // n_head; Qwen3-0.6B: 128)
@@ -90,9 +91,9 @@ class OrthrosConfig:
 # -- Positions: rotary embeddings, and the one definition of the window -----------------
 
 def rope_cos_sin(positions, head_dim, base, dtype=torch.float32, scaling=None):
-    """The rotary tables cos, sin: (len(positions), head_dim). Channels i and i + D/2 turn by the angle
-    position * base^(-2i/D), slowed by Llama 3's scaling if given (part 2); sin's first half is
-    negated so apply_rope is one multiply-add."""
+    """The rotary tables cos, sin: (len(positions), head_dim). Channels i and i + D/2 turn by the
+    angle position * base^(-2i/D), slowed by Llama 3's scaling if given (part 2); sin's first half
+    is negated so apply_rope is one multiply-add."""
     inv_freq = base ** -(torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
     inv_freq = inv_freq if scaling is None else llama3_inv_freq(inv_freq, scaling)
     angles = positions.float()[:, None] * inv_freq[None, :]                 # (T, D/2)
@@ -101,7 +102,7 @@ def rope_cos_sin(positions, head_dim, base, dtype=torch.float32, scaling=None):
 
 
 def apply_rope(x, cos, sin):
-    """Rotate x: (B, H, T, D) by position: each pair (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
+    """Rotate x: (B, H, T, D) by position: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([x2, x1], dim=-1) * sin
 
@@ -143,14 +144,14 @@ class OrthrosAttention(nn.Module):
         super().__init__()
         C = config.n_embd
         self.n_head, self.head_dim = config.n_head, config.head_dim or C // config.n_head
-        C_q = self.n_head * self.head_dim   # the queries' width: C unless head_dim says otherwise
-        self.n_kv_head = config.n_kv_head or config.n_head   # grouped-query attention when fewer than n_head
+        self.n_kv_head = config.n_kv_head or config.n_head   # grouped-query attention: fewer K, V
+        C_q, C_kv = self.n_head * self.head_dim, self.n_kv_head * self.head_dim  # C_q: C, or not
         self.window = None if config.attn == "transformer" else config.window
         self.swa_impl, self.dropout = config.swa_impl, config.dropout
         # Alg. 1, line 2: W_Q, W_K, W_V, W_O, shared by base and output tokens.
         self.c_q = nn.Linear(C, C_q, bias=config.qkv_bias)
-        self.c_k = nn.Linear(C, self.n_kv_head * self.head_dim, bias=config.qkv_bias)
-        self.c_v = nn.Linear(C, self.n_kv_head * self.head_dim, bias=config.qkv_bias)
+        self.c_k = nn.Linear(C, C_kv, bias=config.qkv_bias)
+        self.c_v = nn.Linear(C, C_kv, bias=config.qkv_bias)
         self.c_proj = nn.Linear(C_q, C, bias=False)
         norm = lambda: nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None
         self.q_norm, self.k_norm = norm(), norm()   # qk_norm: a gain per channel of a head
@@ -161,9 +162,10 @@ class OrthrosAttention(nn.Module):
             self.beta = nn.Parameter(torch.zeros(C_q))
             self.alpha_out = nn.Parameter(torch.ones(C_q))   # alpha' of the paper
             self.beta_out = nn.Parameter(torch.zeros(C_q))   # beta'
-        self.conv = ShortConv(C, config.conv_kernel) if config.conv_kernel else None  # not in the paper
+        # Not in the paper (part 2): a short convolution before K and V, when conv_kernel > 0.
+        self.conv = ShortConv(C, config.conv_kernel) if config.conv_kernel else None
 
-    def split_heads(self, x):  # (B, rows, heads * D) -> (B, heads, rows, D): n_head for Q, n_kv_head for K, V
+    def split_heads(self, x):  # (B, rows, heads * D) -> (B, heads, rows, D)
         return x.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
 
     def head_norm(self, x, norm):  # (B, rows, heads * D): RMSNorm of each head's D channels
@@ -173,40 +175,39 @@ class OrthrosAttention(nn.Module):
         """z: (B, T + t_out, C): T base tokens, then t_out output tokens (none for the baselines).
         rope: (cos, sin) at the positions of z's rows, an output token at its base twin's.
         cache: this layer's LayerCache when decoding. Returns (B, T + t_out, C)."""
-        B, _, C = z.shape
-        x, x_out = z[:, :T], z[:, T:]   # Alg. 1, line 3: base tokens X, output tokens X_cross
-        x_kv = x if self.conv is None else self.conv(x, cache)  # not in the paper: x unless conv_kernel > 0
-        k, v = self.c_k(x_kv), self.c_v(x_kv)                   # Alg. 1, line 4: K, V from base tokens only
+        x, x_out = z[:, :T], z[:, T:]        # Alg. 1, line 3: base tokens X, output tokens X_cross
+        x_kv = x if self.conv is None else self.conv(x, cache)
+        k, v = self.c_k(x_kv), self.c_v(x_kv)   # Alg. 1, line 4: K, V from base tokens only
         q, q_out = self.c_q(x), self.c_q(x_out)
         # qk_norm: the scale-offset acts after the head norm, which would undo its scale (an alpha
         # common to a head's channels) if it came first; at alpha = 1, beta = 0 it is the identity,
         # so a converted model computes what the original did.
         q, q_out = self.head_norm(q, self.q_norm), self.head_norm(q_out, self.q_norm)
         k = self.head_norm(k, self.k_norm)
-        if self.scale_offset:                                   # Alg. 1, line 5: distinct query transformations
+        if self.scale_offset:                   # Alg. 1, line 5: distinct query transformations
             q, q_out = self.alpha * q + self.beta, self.alpha_out * q_out + self.beta_out
         # Alg. 1, lines 6-7: split heads, then rotate queries and keys by their positions.
         cos, sin = rope
-        q = apply_rope(self.split_heads(q), cos[:T], sin[:T])                  # (B, H, T, D)
-        q_out = apply_rope(self.split_heads(q_out), cos[T:], sin[T:])          # (B, H, t_out, D)
-        k = apply_rope(self.split_heads(k), cos[:T], sin[:T])                  # (B, n_kv_head, T, D)
+        q = apply_rope(self.split_heads(q), cos[:T], sin[:T])            # (B, H, T, D)
+        q_out = apply_rope(self.split_heads(q_out), cos[T:], sin[T:])    # (B, H, t_out, D)
+        k = apply_rope(self.split_heads(k), cos[:T], sin[:T])            # (B, n_kv_head, T, D)
         v = self.split_heads(v)
         if cache is not None:   # decoding: attend every key and value seen so far
-            k, v = cache.append(k, v)                                          # (B, n_kv_head, S, D)
-        k, v = repeat_kv(k, self.n_head), repeat_kv(v, self.n_head)            # (B, H, S, D): each head to its group
+            k, v = cache.append(k, v)                                    # (B, n_kv_head, S, D)
+        k, v = repeat_kv(k, self.n_head), repeat_kv(v, self.n_head)      # (B, H, S, D)
         dropout_p = self.dropout if self.training else 0.0
-        # The one switch of kernels, as nanoGPT's flash-or-manual: "dense" runs reference_attention, eqs. 4
-        # and 5 as written above; every other swa_impl gives the same numbers by faster kernels (part 3).
+        # The one switch of kernels, as nanoGPT's flash-or-manual: "dense" runs reference_attention,
+        # eqs. 4-5 as written above; every other swa_impl gives the same by faster kernels (part 3).
         if self.swa_impl == "dense":
             attention = reference_attention
         else:
             attention = functools.partial(fast_reference_attention, swa_impl=self.swa_impl)
-        o = attention(q, k, v, self.window, dropout_p=dropout_p)               # Alg. 1, line 8 (eq. 4)
-        o_out = attention(q_out, k, v, None, dropout_p=dropout_p)              # Alg. 1, line 9 (eq. 5)
-        merge = lambda o: o.transpose(1, 2).flatten(2)                         # -> (B, rows, H * D)
-        o, o_out = merge(o), merge(o_out)                                      # Alg. 1, line 10: merge heads
-        o = torch.cat([o, o_out], dim=1)                                       # Alg. 1, line 11: (B, T + t_out, C)
-        return self.c_proj(o)                                                  # Alg. 1, line 12: Y = O W_O
+        o = attention(q, k, v, self.window, dropout_p=dropout_p)         # Alg. 1, line 8 (eq. 4)
+        o_out = attention(q_out, k, v, None, dropout_p=dropout_p)        # Alg. 1, line 9 (eq. 5)
+        merge = lambda o: o.transpose(1, 2).flatten(2)                   # -> (B, rows, H * D)
+        o, o_out = merge(o), merge(o_out)                                # Alg. 1, line 10
+        o = torch.cat([o, o_out], dim=1)                                 # Alg. 1, line 11
+        return self.c_proj(o)                                            # Alg. 1, line 12
 
 
 class MLP(nn.Module):
@@ -220,7 +221,9 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(hidden, C, bias=False)
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x)) if self.c_gate is None else F.silu(self.c_gate(x)) * self.c_fc(x))
+        if self.c_gate is None:
+            return self.c_proj(F.gelu(self.c_fc(x)))
+        return self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x))
 
 
 class Block(nn.Module):
@@ -247,7 +250,7 @@ class LayerCache:
     k = v = conv_state = None
 
     def append(self, k, v):
-        """Add the new positions' k, v: (B, H, T, D) by concatenation; return all (B, H, S + T, D)."""
+        """Append the new positions' k, v: (B, H, T, D); return all of them: (B, H, S + T, D)."""
         self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
         return self.k, self.v
@@ -277,7 +280,7 @@ class Orthros(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:  # as in nanoGPT (a converted model may have a head of its own)
             self.lm_head.weight = self.wte.weight
-        for module in self.modules():  # GPT-2's init (the tied embedding is drawn twice, as in nanoGPT)
+        for module in self.modules():  # GPT-2's init (nanoGPT's: the tied embedding drawn twice)
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
         for name, p in self.named_parameters():  # then the residual projections, scaled down
@@ -286,16 +289,16 @@ class Orthros(nn.Module):
 
     def forward(self, idx, targets=None, t_out=None, cache=None):
         """idx: (B, T) token ids; the last t_out positions are output positions (None = T).
-        targets: (B, T), the token after each position, IGNORE (-1) = not trained (all before the output
-        positions: check_targets). cache: the KVCache that idx continues (prefill, decode, or a chunk of
-        any length). Returns the logits (B, t_out, vocab) and the mean cross-entropy over the non-ignored
-        targets (or None)."""
+        targets: (B, T), the token after each position, IGNORE (-1) = not trained (all before the
+        output positions: check_targets). cache: the KVCache that idx continues (prefill, decode, or
+        a chunk of any length). Returns the logits (B, t_out, vocab) and the mean cross-entropy over
+        the targets that are not IGNORE (or None)."""
         T, t_out = _check_inputs(self, idx, targets, t_out, cache)
         positions = torch.arange(T, device=idx.device) + (cache.length if cache is not None else 0)
-        z = x = self.drop(self.wte(idx))                    # (B, T, C); the baselines have one stream
+        z = x = self.drop(self.wte(idx))                    # (B, T, C): the baselines' one stream
         if self.config.attn == "orthros":
             z = torch.cat([x, x[:, T - t_out:]], dim=1)     # Alg. 2, line 2: (B, T + t_out, C)
-            positions = torch.cat([positions, positions[T - t_out:]])   # each output token at its twin's
+            positions = torch.cat([positions, positions[T - t_out:]])   # at their twins'
         rope = rope_cos_sin(positions, self.blocks[0].attn.head_dim, self.config.rope_base,
                             activation_dtype(self.wte.weight), self.config.rope_scaling)
         for i, block in enumerate(self.blocks):             # Alg. 2, line 3
@@ -312,7 +315,8 @@ class Orthros(nn.Module):
 
     @torch.no_grad()
     def prefill(self, idx):
-        """The prompt idx: (B, T) -> the logits (B, 1, vocab) for token T, and the KVCache of all T positions."""
+        """The prompt idx: (B, T) -> the logits (B, 1, vocab) for token T, and the KVCache of all T
+        positions."""
         cache = KVCache(self, idx.size(0))
         return self(idx, t_out=1, cache=cache)[0], cache
 
@@ -326,7 +330,8 @@ class Orthros(nn.Module):
     def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, decoder=None):
         """Yield max_new_tokens tokens (B, 1) after the prompt idx: (B, T), the first right after
         prefill, then one per decode step. temperature 0 is greedy; top_k keeps the k likeliest.
-        decoder: has prefill(idx) and decode(next_idx, state), each -> (logits, state); default self."""
+        decoder: has prefill(idx) and decode(next_idx, state), each -> (logits, state) (default: the
+        model's own)."""
         _check_generation(self.config, idx, max_new_tokens, temperature, top_k)
         decoder = self if decoder is None else decoder
         logits, state = decoder.prefill(idx)
@@ -339,17 +344,25 @@ class Orthros(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, decoder=None):
         """idx: (B, T) followed by max_new_tokens tokens from generate_tokens."""
-        return torch.cat([idx, *self.generate_tokens(idx, max_new_tokens, temperature, top_k, decoder)], dim=1)
+        tokens = self.generate_tokens(idx, max_new_tokens, temperature, top_k, decoder)
+        return torch.cat([idx, *tokens], dim=1)
 
     def load_transformer_weights(self, state_dict):
         """The paper's conversion (section 4.3): load a trained "transformer" (or Orthros) state
         dict. Shared weights have the same names; the scale-offsets a transformer lacks start at
         identity. A pure weight copy."""
-        missing = _check_state_dict(self.state_dict(), state_dict)  # the scale-offsets a transformer lacks
+        missing = _check_state_dict(self.state_dict(), state_dict)  # what a transformer lacks
         self.load_state_dict(state_dict, strict=False)
         with torch.no_grad():
-            for name in missing:  # identity scale-offset: q = 1 * (x W_Q) + 0
-                self.get_parameter(name).fill_(1.0 if name.rsplit(".", 1)[-1].startswith("alpha") else 0.0)
+            for name in missing:
+                self.get_parameter(name).fill_(identity_scale_offset(name))
+
+
+def identity_scale_offset(name):
+    """The identity value of a state-dict entry that is a scale-offset (Alg. 1, line 5, as
+    q = 1 * (x W_Q) + 0): 1.0 for alpha and alpha_out, 0.0 for beta and beta_out; else None."""
+    kind = name.rsplit(".", 1)[-1]
+    return None if kind not in SCALE_OFFSETS else 1.0 if kind.startswith("alpha") else 0.0
 
 
 # =============================================================================
@@ -357,9 +370,10 @@ class Orthros(nn.Module):
 # =============================================================================
 
 def sample_next(logits, temperature=1.0, top_k=None):
-    """The next token (B, 1) from logits (B, T, vocab) at the last position: the argmax at temperature 0,
-    else a draw from p = softmax(logits / temperature) (of the top k) by the exponential race: argmax_i
-    p_i / E_i, E_i ~ Exp(1) independent, is i with probability p_i; no GPU sync: perf/engine.py draws in its graph."""
+    """The next token (B, 1) from logits (B, T, vocab) at the last position: the argmax at
+    temperature 0, else a draw from p = softmax(logits / temperature) (of the top k) by the
+    exponential race: argmax_i p_i / E_i, E_i ~ Exp(1), is i with probability p_i. No GPU sync:
+    perf/engine.py draws inside its CUDA graph."""
     logits = logits[:, -1, :].float()
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
@@ -367,14 +381,16 @@ def sample_next(logits, temperature=1.0, top_k=None):
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
         logits = logits.masked_fill(logits < kth, -float("inf"))
-    return (F.softmax(logits, dim=-1) / torch.empty_like(logits).exponential_()).argmax(dim=-1, keepdim=True)
+    race = F.softmax(logits, dim=-1) / torch.empty_like(logits).exponential_()
+    return race.argmax(dim=-1, keepdim=True)
 
 
 def cross_entropy(logits, targets):
     """The mean cross-entropy (in float32 at least) over the targets that are not IGNORE; 0, not
     NaN, when all are."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE,
+                           reduction="sum")
     return loss / (targets != IGNORE).sum().clamp(min=1)
 
 
@@ -394,10 +410,10 @@ def _check_config(config):
         raise ValueError(f"n_kv_head={config.n_kv_head} must divide n_head={config.n_head} "
                          "(each K, V head serves an equal group of query heads)")
     scaling = config.rope_scaling
-    if scaling is not None and not (isinstance(scaling, dict) and scaling.get("rope_type") == "llama3"
-                                    and set(LLAMA3_ROPE_KEYS) <= set(scaling)):
-        raise ValueError(f"rope_scaling must be None or Llama 3's dict, {{'rope_type': 'llama3'}} with "
-                         f"{', '.join(LLAMA3_ROPE_KEYS)}; got {scaling!r}")
+    llama3 = isinstance(scaling, dict) and scaling.get("rope_type") == "llama3"
+    if scaling is not None and not (llama3 and set(LLAMA3_ROPE_KEYS) <= set(scaling)):
+        raise ValueError(f"rope_scaling must be None or Llama 3's dict, {{'rope_type': 'llama3'}} "
+                         f"with {', '.join(LLAMA3_ROPE_KEYS)}; got {scaling!r}")
     if config.conv_kernel < 0:
         raise ValueError(f"conv_kernel must be >= 0, got {config.conv_kernel}")
 
@@ -417,22 +433,25 @@ def _check_inputs(model, idx, targets, t_out, cache):
     if not isinstance(t_out, int) or not 1 <= t_out <= T:
         raise ValueError(f"t_out must be an int with 1 <= t_out <= T={T}, got {t_out!r}")
     if targets is not None and targets.shape != idx.shape:
-        raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}")
-    if targets is not None and targets.device.type == "cpu":  # on a GPU, the maker's: see check_targets
+        raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, "
+                         f"got {tuple(targets.shape)}")
+    if targets is not None and targets.device.type == "cpu":  # on a GPU: see check_targets
         check_targets(targets, t_out)
     if cache is not None and (not isinstance(cache, KVCache) or cache.model() is not model):
         raise ValueError("this cache was not made by this model's prefill(); "
                          "call model.prefill(prompt) on the same model first")
     if cache is not None and idx.size(0) != cache.batch_size:
-        raise ValueError(f"idx has {idx.size(0)} rows for a cache of batch size {cache.batch_size}: "
-                         "continue each cached sequence, one row each")
-    _check_length(T + (cache.length if cache is not None else 0), "sequence length (with the cache)", model.config)
+        raise ValueError(f"idx has {idx.size(0)} rows for a cache of batch size "
+                         f"{cache.batch_size}: continue each cached sequence, one row each")
+    length = T + (cache.length if cache is not None else 0)
+    _check_length(length, "sequence length (with the cache)", model.config)
     return T, t_out
 
 
 def check_targets(targets, t_out):
-    """Refuse targets (B, T) that the loss would drop: any but IGNORE before the last t_out positions. NOTE: reading
-    them on a GPU makes the CPU wait: forward checks CPU targets only; data/sft.py its batches before they move."""
+    """Refuse targets (B, T) that the loss would drop: any but IGNORE before the last t_out
+    positions. NOTE: reading them on a GPU makes the CPU wait: forward checks CPU targets only;
+    data/sft.py checks its batches before they move."""
     if (targets[:, :targets.size(1) - t_out] != IGNORE).any():
         raise ValueError(f"targets before the last t_out={t_out} positions must be {IGNORE} "
                          "(ignored); raise t_out to cover every target you want trained")
@@ -452,12 +471,14 @@ def _check_state_dict(own, state_dict):
     wrong = [k for k, w in state_dict.items() if k in own and own[k].shape != w.shape]
     if wrong:
         raise ValueError(f"state dict does not fit this model: {wrong[0]} has shape "
-                         f"{tuple(state_dict[wrong[0]].shape)}, this model's is {tuple(own[wrong[0]].shape)}. "
+                         f"{tuple(state_dict[wrong[0]].shape)}, this model's is "
+                         f"{tuple(own[wrong[0]].shape)}. "
                          "Is it from a model of another size?")
     missing = [k for k in own if k not in state_dict]
-    bad_missing = [k for k in missing if k.rsplit(".", 1)[-1] not in SCALE_OFFSETS]
-    # An Orthros's scale-offsets may be left out only where they are the identity (a converted model's).
-    identity = lambda k, w: k.rsplit(".", 1)[-1] in SCALE_OFFSETS and bool((w == (1.0 if "alpha" in k else 0.0)).all())
+    bad_missing = [k for k in missing if identity_scale_offset(k) is None]
+    # An Orthros's scale-offsets may be left out only where they are the identity (converted).
+    def identity(k, w):
+        return identity_scale_offset(k) is not None and bool((w == identity_scale_offset(k)).all())
     unexpected = [k for k, w in state_dict.items() if k not in own and not identity(k, w)]
     if bad_missing or unexpected:
         raise ValueError(f"state dict does not fit this model: missing {bad_missing}, "
@@ -474,9 +495,10 @@ def repeat_kv(x, n_head):
 def llama3_inv_freq(inv_freq, scaling):
     """Llama 3's RoPE scaling (rope_type "llama3", Meta's formula): channels of wavelength above
     original_max_position_embeddings / low_freq_factor turn factor times slower, those below .../
-    high_freq_factor keep their speed, and those between blend, linearly in original_max_... / wavelength."""
+    high_freq_factor keep their speed, and those between blend, linearly in original_max_... /
+    wavelength."""
     factor, low, high, old_len = (scaling[k] for k in LLAMA3_ROPE_KEYS)
-    smooth = ((old_len / (2 * math.pi / inv_freq) - low) / (high - low)).clamp(0, 1)  # 0 = slowed, 1 = kept
+    smooth = ((old_len / (2 * math.pi / inv_freq) - low) / (high - low)).clamp(0, 1)  # 0: slowed
     return (1 - smooth) * inv_freq / factor + smooth * inv_freq
 
 
@@ -530,11 +552,11 @@ def fast_reference_attention(q, k, v, window=None, swa_impl="auto", dropout_p=0.
     if window is None or window >= Tk:   # no key falls out of the window: causal attention
         if Tq == Tk:  # square: is_causal is right, and lets SDPA use its fastest kernels
             return sdpa(q, k, v, is_causal=True, dropout_p=dropout_p)
-        mask = None if Tq == 1 else attention_mask(Tq, Tk, None, q.device)  # (the newest query sees all)
-        # NOTE: q (a slice of both streams' queries) and a window of keys are strided views; contiguous
-        # copies (small) keep SDPA on its fused kernels instead of a slow fallback.
+        mask = None if Tq == 1 else attention_mask(Tq, Tk, None, q.device)  # (one query sees all)
+        # NOTE: q (a slice of both streams' queries) and a window of keys are strided views;
+        # contiguous copies (small) keep SDPA on its fused kernels instead of a slow fallback.
         return sdpa(q.contiguous(), k.contiguous(), v.contiguous(), mask, dropout_p=dropout_p)
-    pad = Tk - Tq  # a chunk continuing a cache: dummy queries in front make it square; their rows go
+    pad = Tk - Tq  # a chunk continuing a cache: dummy queries in front square it (rows dropped)
     q = F.pad(q, (0, 0, pad, 0))
     # FlexAttention for "flex" (and "auto" on CUDA); it has no attention dropout, so training
     # with dropout takes the blocked path.
@@ -553,9 +575,10 @@ def sdpa(q, k, v, mask=None, is_causal=False, dropout_p=0.0):
     went in the CUDA tests' SFT run); the flash and memory-efficient kernels have none of these.
     """
     if q.is_cuda and (not is_causal or torch.is_grad_enabled()):
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p)
+        backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+        with sdpa_kernel(backends):
+            return F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal)
+    return F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal)
 
 
 def blocked_sliding_window_attention(q, k, v, window, dropout_p=0.0):
@@ -599,12 +622,12 @@ def sliding_window_block_mask(T, window, device, block_size=128, compute_q_block
     first = ((blocks * block_size - window + 1) // block_size).clamp(min=0)
     last = ((blocks * block_size + block_size + window - 2) // block_size).clamp(max=n - 1)
 
-    def table(start, stop):  # rows of consecutive block indices: counts (1, 1, n), indices (1, 1, n, width)
+    def table(start, stop):  # consecutive block indices: counts (1, 1, n), indices (1, 1, n, width)
         indices = (start[:, None] + torch.arange(width, device=device)).clamp(max=n - 1)
         return (stop - start + 1).int()[None, None], indices.int()[None, None]
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return in_window(q_idx, kv_idx, window)  # looked up at call time: a patched in_window applies
+        return in_window(q_idx, kv_idx, window)  # looked up at each call: a patch applies
 
     kv_num_blocks, kv_indices = table(first, blocks)
     if torch.device(device).type == "cpu":
@@ -615,8 +638,8 @@ def sliding_window_block_mask(T, window, device, block_size=128, compute_q_block
         # never read. BlockMask.to_dense() assumes a full-width table: don't use it on these masks.
         storage = torch.cat([kv_indices.flatten(), kv_indices.new_zeros(n)])
         kv_indices = storage.as_strided((1, 1, n, n), (n * width, n * width, width, 1))
-    mask = BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, BLOCK_SIZE=block_size, mask_mod=mask_mod,
-                                    seq_lengths=(T, T), compute_q_blocks=False)
+    mask = BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, BLOCK_SIZE=block_size,
+                                    mask_mod=mask_mod, seq_lengths=(T, T), compute_q_blocks=False)
     if compute_q_blocks:
         # torch's own transpose (compute_q_blocks=True) needs a full-width table: build ours.
         mask.q_num_blocks, mask.q_indices = table(blocks, last)
@@ -630,7 +653,7 @@ def cached_sliding_window_block_mask(T, window, device, grad_enabled):
     return sliding_window_block_mask(T, window, device, compute_q_blocks=grad_enabled)
 
 
-compile_once = functools.cache(torch.compile)  # compile_once(f): torch.compile(f), made on the first call only
+compile_once = functools.cache(torch.compile)  # compile_once(f): torch.compile(f), made once
 
 
 def flex_sliding_window_attention(q, k, v, window):
@@ -649,7 +672,7 @@ def activation_dtype(weight):
     """The dtype the activations run in: autocast's (e.g. bf16) when it is on, else the weights'.
     The RoPE tables are made in it, so that rotated queries and keys keep the kernels' dtype."""
     device_type = weight.device.type
-    if device_type != "meta" and torch.is_autocast_enabled(device_type):  # (torch asks no autocast of "meta")
+    if device_type != "meta" and torch.is_autocast_enabled(device_type):  # (no autocast on "meta")
         return torch.get_autocast_dtype(device_type)
     return weight.dtype
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from data.tokenizer import hf_tokenizer_file, require
-from orthros import LLAMA3_ROPE_KEYS, SCALE_OFFSETS, Orthros, OrthrosConfig
+from orthros import LLAMA3_ROPE_KEYS, Orthros, OrthrosConfig, identity_scale_offset
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # One layer's weights: Hugging Face's name (after model.layers.i.) -> Orthros's (after blocks.i.)
@@ -170,7 +170,6 @@ def orthros_state_dict(weights, config, folder):
     for name, p in own.items():
         if name == "lm_head.weight" and config["tie_embeddings"]:
             state[name] = embedding
-        elif name.rsplit(".", 1)[-1] in SCALE_OFFSETS:  # alpha = 1, beta = 0, in the weights' dtype
-            fill = torch.ones if name.rsplit(".", 1)[-1].startswith("alpha") else torch.zeros
-            state[name] = fill(p.shape, dtype=embedding.dtype, device=embedding.device)
+        elif identity_scale_offset(name) is not None:  # alpha = 1, beta = 0, in the weights' dtype
+            state[name] = torch.full(p.shape, identity_scale_offset(name), dtype=embedding.dtype, device=embedding.device)
     return {name: state[name] for name in own}
