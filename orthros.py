@@ -145,7 +145,7 @@ class OrthrosAttention(nn.Module):
         C = config.n_embd
         self.n_head, self.head_dim = config.n_head, config.head_dim or C // config.n_head
         self.n_kv_head = config.n_kv_head or config.n_head   # grouped-query attention: fewer K, V
-        C_q, C_kv = self.n_head * self.head_dim, self.n_kv_head * self.head_dim  # C_q: C, or not
+        C_q, C_kv = self.n_head * self.head_dim, self.n_kv_head * self.head_dim  # C_q = C by default
         self.window = None if config.attn == "transformer" else config.window
         self.swa_impl, self.dropout = config.swa_impl, config.dropout
         # Alg. 1, line 2: W_Q, W_K, W_V, W_O, shared by base and output tokens.
