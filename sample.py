@@ -98,12 +98,12 @@ def load(args, prompt, device):
     tokenizer = get_tokenizer(ckpt["tokenizer"], ckpt.get("tokenizer_files"))
     if args.chat and getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(f"--chat: the {ckpt['tokenizer']} tokenizer has no chat template; --chat "
-                         "is for instruction-tuned Hugging Face models (hf:DIR with a chat template)")
+                         "is for instruction-tuned Hugging Face models (hf:DIR with one)")
     ids = tokenizer.encode(tokenizer.chat(prompt) if args.chat else prompt)
     trained_len = ckpt["model_config"]["max_seq_len"]
     if args.max_new_tokens is None and len(ids) >= trained_len:
         raise ValueError(f"the prompt ({len(ids)} tokens) fills the {trained_len} tokens the model "
-                         "was trained on; shorten it, or pass --max_new_tokens N to generate past them")
+                         "was trained on; shorten it, or pass --max_new_tokens N to go past them")
     new_tokens = args.max_new_tokens or min(200, trained_len - len(ids))
     overrides = {k: v for k, v in (("window", args.window), ("attn", args.attn)) if v is not None}
     max_seq_len = max(len(ids) + new_tokens, trained_len)
@@ -121,8 +121,8 @@ def load(args, prompt, device):
     converted = ckpt.get("source", "").startswith("hf:") and cfg.attn != "transformer"
     if converted and len(ids) + new_tokens > cfg.window:
         print(f"note: converted but not trained at window {cfg.window}: past {cfg.window} tokens "
-              "it sees less than the original (--window N covering the text, or --attn transformer, "
-              "runs the original exactly)")
+              "it sees less than the original (--window N covering the text, or --attn "
+              "transformer, runs the original exactly)")
     return path, tokenizer, ids, new_tokens, model
 
 
