@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import (ArgumentParser, cpu_threads, find_latest_checkpoint, load_checkpoint, model_from_checkpoint,
-                        pick_device, sync)
+from checkpoint import (ArgumentParser, cpu_threads, find_latest_checkpoint, load_checkpoint,
+                        model_from_checkpoint, pick_device, sync)
 from data.tokenizer import get_tokenizer
 
 
@@ -92,7 +92,7 @@ def main(argv=None):
     args, prompt = parse_args(argv)
     try:
         device = pick_device(args.device)
-        if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:  # on busy cores, fewer threads decode faster
+        if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:  # busy cores: fewer threads
             torch.set_num_threads(cpu_threads())
         path = args.ckpt or find_latest_checkpoint(args.out_dir)
         ckpt = load_checkpoint(path)

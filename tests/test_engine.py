@@ -26,8 +26,9 @@ VOCAB, BATCH, MAX_LEN = 61, 2, 400
 # (prompt length, decode steps): the longest first, so that later prompts leave stale rows behind.
 # They cross the blocks at 384, 128 and 256 keys, and start inside and outside the window (8).
 SEGMENTS = [(380, 10), (1, 10), (122, 8), (251, 7)]
-CASES = {"orthros": ("orthros", 0, {}), "orthros+conv": ("orthros", 3, {}), "transformer": ("transformer", 0, {}),
-         "swa": ("swa", 0, {}), "orthros+qk_norm": ("orthros", 0, {"n_embd": 24, "head_dim": 8, "qk_norm": True})}
+CASES = {"orthros": ("orthros", 0, {}), "orthros+conv": ("orthros", 3, {}),
+         "transformer": ("transformer", 0, {}), "swa": ("swa", 0, {}),   # and Qwen3's head norms:
+         "orthros+qk_norm": ("orthros", 0, {"n_embd": 24, "head_dim": 8, "qk_norm": True})}
 
 
 def make_model(attn="orthros", conv_kernel=0, dtype=torch.float32, **overrides):
@@ -100,7 +101,10 @@ def test_a_long_generation_compiles_once(runs, case):
     block, nor per prompt; the second Orthros model reuses the first one's kernel."""
     compiled = [n for *_, per_step in runs[case] for n in per_step]
     assert sum(compiled[1:]) == 0   # the baselines: layer_in, attention, layer_out, each shared by all layers
-    assert compiled[0] == 1 if case == "orthros" else compiled[0] == 0 if case.startswith("orthros+") else compiled[0] >= 1
+    if case.startswith("orthros"):   # the first Orthros compiles FlexAttention; the others reuse it
+        assert compiled[0] == (1 if case == "orthros" else 0)
+    else:
+        assert compiled[0] >= 1
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -383,13 +387,14 @@ def test_decode_bytes_counts_the_prefix_once_and_swa_its_window():
 
 
 def test_forward_flops_counts_every_matmul_with_any_head_width():
-    """perf/flops.py's count of one token's forward is torch's FlopCounterMode's (the reference attention's
-    matmuls), with heads of width 8 where n_embd / n_head is 12, grouped-query attention, SwiGLU, an untied head."""
+    """perf/flops.py's count of one token's forward is torch's FlopCounterMode's (the reference
+    attention's matmuls), with heads of width 8 where n_embd / n_head is 12, grouped-query
+    attention, SwiGLU, an untied head."""
     from torch.utils.flop_counter import FlopCounterMode
     from perf.flops import forward_flops
     for attn in ATTN_TYPES:
-        model = make_model(attn, n_embd=24, head_dim=8, n_kv_head=1, mlp="swiglu", mlp_hidden=40, tie_embeddings=False,
-                           swa_impl="dense")
+        model = make_model(attn, n_embd=24, head_dim=8, n_kv_head=1, mlp="swiglu", mlp_hidden=40,
+                           tie_embeddings=False, swa_impl="dense")
         with FlopCounterMode(display=False) as counter:
             model(torch.zeros(1, 1, dtype=torch.long))
         assert counter.get_total_flops() == forward_flops(model.config, 1, 1), attn
