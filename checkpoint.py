@@ -14,12 +14,13 @@ A checkpoint is a dict saved by torch.save, holding only tensors and plain value
     model_config  the OrthrosConfig fields, as a dict
     step          optimizer steps taken
     and, from train.py: optimizer (its state keyed by parameter name), best_val_loss, train_config,
-    config_name, tokenizer, tokenizer_files (an hf: tokenizer's own files, {name: text}, or None), dataset,
-    rng (training_state and restore_training_state).
+    config_name, tokenizer, tokenizer_files (an hf: tokenizer's own files, {name: text}, or None),
+    dataset, rng (training_state and restore_training_state).
 
 Also here: the rules of a run's folder (a run never writes over another run's files, and how to
 resume it), and, because train.py and sample.py both need them and no script imports another, the
-device (pick_device, cpu_threads, sync, compile_works) and the command line's one-line errors (ArgumentParser).
+device (pick_device, cpu_threads, sync, compile_works) and the command line's one-line errors
+(ArgumentParser).
 """
 
 import argparse
@@ -45,9 +46,9 @@ def save_checkpoint(path, **state):
 
 
 def load_checkpoint(path, device="cpu", mmap=False):
-    """Read a checkpoint that save_checkpoint wrote. weights_only=True: opening a file cannot run code; mmap=True
-    leaves the tensors on disk until read. "hf:DIR" converts the Hugging Face checkpoint in folder DIR instead,
-    with window 128 (convert/hf.py)."""
+    """Read a checkpoint that save_checkpoint wrote. weights_only=True: opening a file cannot run
+    code; mmap=True leaves the tensors on disk until read. "hf:DIR" converts the Hugging Face
+    checkpoint in folder DIR instead, with window 128 (convert/hf.py)."""
     if str(path).startswith("hf:"):
         from convert.hf import convert_hf  # needs safetensors and tokenizers: imported only for hf:
         folder = Path(str(path)[3:]).expanduser().resolve()
@@ -228,9 +229,9 @@ def pick_device(name="auto"):
 
 
 def cpu_threads():
-    """Threads for a CPU's many small ops (a decode step runs hundreds): the cores that the 1-minute load
-    average leaves free, at least 1, at most torch's default. NOTE: where every core is busy, each
-    multithreaded op waits for a time slice, milliseconds against its tenth of a millisecond of work."""
+    """Threads for a CPU's many small ops (a decode step runs hundreds): the cores that the 1-minute
+    load average leaves free, at least 1, at most torch's default. NOTE: where every core is busy,
+    each multithreaded op waits for a time slice: milliseconds, against a tenth of one of work."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     return max(1, min(torch.get_num_threads(), cores - round(busy)))

@@ -167,7 +167,8 @@ def parse_args(argv):
         print("note: no --config: running small, a GPU config (hours on a CPU); --config tiny is the laptop's")
     cfg = TrainConfig(**{**CONFIGS.get(name, {}), **values})
     if not cfg.out_dir:  # out/<config>-<attn>[-noso]; SFT on a pre-training config adds -sft-<dataset>
-        cfg.out_dir = f"out/{name or 'small'}-{cfg.attn}" + ("-noso" if cfg.attn == "orthros" and not cfg.scale_offset else "")
+        noso = "-noso" if cfg.attn == "orthros" and not cfg.scale_offset else ""
+        cfg.out_dir = f"out/{name or 'small'}-{cfg.attn}{noso}"
         if cfg.task != CONFIGS.get(name, {}).get("task", "pretrain"):
             cfg.out_dir += f"-{cfg.task}-{Path(cfg.dataset).name or 'data'}"
     if start == "resume":
@@ -186,10 +187,10 @@ def parse_args(argv):
 
 
 def resumed(cfg, given):
-    """--init_from resume: (its config name, the TrainConfig the run saved in out_dir/ckpt_last.pt with the
-    options given on this command line over it); a line says which given options change it."""
+    """--init_from resume: (its config name, the TrainConfig the run saved in out_dir/ckpt_last.pt,
+    with the options given on this command line over it); a line says which given ones change it."""
     try:
-        ckpt = load_start("resume", cfg.out_dir, mmap=True)  # mmap: reads the config, not the weights
+        ckpt = load_start("resume", cfg.out_dir, mmap=True)  # mmap: the config, not the weights
     except ValueError as e:
         fail(str(e))
     saved = {k: v for k, v in ckpt.get("train_config", {}).items() if k in dataclasses.asdict(cfg)}
@@ -199,7 +200,8 @@ def resumed(cfg, given):
         print(f"resuming {cfg.out_dir}/ckpt_last.pt with its run's options"
               + (f", but {', '.join(changed)}" if changed else ""))
     kept = {"out_dir": cfg.out_dir, "overwrite": cfg.overwrite, "init_from": "resume"}
-    return ckpt.get("config_name"), TrainConfig(**{**dataclasses.asdict(cfg), **saved, **given, **kept})
+    restored = {**dataclasses.asdict(cfg), **saved, **given, **kept}
+    return ckpt.get("config_name"), TrainConfig(**restored)
 
 
 # -----------------------------------------------------------------------------
@@ -209,7 +211,8 @@ def build_model(config_name, cfg, ckpt, vocab_size):
     """The model from scratch, resumed, or initialised from another checkpoint's weights."""
     chosen = dict(attn=cfg.attn, window=cfg.window, scale_offset=cfg.scale_offset, dropout=cfg.dropout)
     max_len = cfg.max_seq_len or cfg.seq_len
-    preset, shape = TrainConfig(**CONFIGS.get(config_name, {})), ("n_layer", "n_head", "n_embd", "conv_kernel")
+    preset = TrainConfig(**CONFIGS.get(config_name, {}))
+    shape = ("n_layer", "n_head", "n_embd", "conv_kernel")
     if ckpt is None:
         model_args = dict(vocab_size=vocab_size, max_seq_len=max_len, **{k: getattr(cfg, k) for k in shape}, **chosen)
     elif cfg.init_from == "resume":
@@ -303,7 +306,8 @@ class Run:
             if ckpt is not None and ckpt["tokenizer"] != self.tokenizer_name:
                 fail(f"the checkpoint uses the {ckpt['tokenizer']!r} tokenizer but the dataset {self.tokenizer_name!r}; "
                      "a model only understands the tokenizer it was trained with")
-            self.tokenizer = tokenizer = get_tokenizer(self.tokenizer_name, (ckpt or {}).get("tokenizer_files"))
+            files = (ckpt or {}).get("tokenizer_files")  # an hf: checkpoint's own copy
+            self.tokenizer = tokenizer = get_tokenizer(self.tokenizer_name, files)
             self.batches = (PretrainBatches(self.data_dir, cfg.seq_len, self.device) if cfg.task == "pretrain" else
                             SFTBatches(self.data_dir, tokenizer, cfg.seq_len, cfg.sft_overlong, cfg.curriculum,
                                        self.device, log=self.print))
@@ -347,7 +351,7 @@ class Run:
         save_checkpoint(self.out_dir / "ckpt_last.pt", **state, step=self.step, best_val_loss=self.best_val,
                         model_config=dataclasses.asdict(self.raw_model.config), train_config=dataclasses.asdict(self.cfg),
                         config_name=self.config_name, tokenizer=self.tokenizer_name, dataset=self.cfg.dataset,
-                        tokenizer_files=getattr(self.tokenizer, "files", None))  # hf:'s, to sample anywhere
+                        tokenizer_files=getattr(self.tokenizer, "files", None))  # hf:'s only
         if best:
             link_best(self.out_dir)
 
@@ -433,9 +437,10 @@ class Run:
 def train(run, argv):
     """Claim out_dir, then the loop: evaluate every eval_interval steps; stop at max_iters or when asked."""
     cfg = run.cfg
-    model = f", the model of {cfg.init_from}" if cfg.init_from not in ("scratch", "resume") else ""
-    run.print((f"config {run.config_name}" if run.config_name else "no --config: the defaults") + f"{model}: "
-              + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()))  # the shape: the model's
+    what = f"config {run.config_name}" if run.config_name else "no --config: the defaults"
+    if cfg.init_from not in ("scratch", "resume"):
+        what += f", the model of {cfg.init_from}"  # its shape, listed
+    run.print(f"{what}: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()))
     run.print(f"model: {sum(p.numel() for p in run.raw_model.parameters()) / 1e6:.2f}M parameters, {run.raw_model.config}")
     run.print(f"device {run.device} ({run.precision}), world size {run.world}, data {run.data_dir} ({run.tokenizer_name} "
               f"tokenizer)" + (f"; initialised from {cfg.init_from}" if run.init_ckpt else "") + (f" at step {run.step}" if run.step else ""))

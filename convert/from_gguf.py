@@ -66,7 +66,7 @@ def gguf_to_hf(gguf_file, out_dir):
         tokenizer.save_pretrained(tmp)
         umask = os.umask(0)  # the only way to read it: set it, then put it back
         os.umask(umask)
-        for path in tmp.iterdir():  # mkdtemp's folder is 0700, the weights 0600: the usual modes instead
+        for path in tmp.iterdir():  # mkdtemp's folder is 0700, the weights 0600: the usual modes
             path.chmod(0o666 & ~umask)
         tmp.chmod(0o777 & ~umask)
         tmp.rename(out_dir)  # the folder appears whole, or not at all
@@ -91,7 +91,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     default = SMOLLM2_DIR if args.gguf is None else SMOLLM2_DIR.parent / Path(args.gguf).stem
     out = Path(args.out or default)
-    there = args.gguf is None and (out / "model.safetensors").is_file()  # smollm2() would do nothing
+    there = args.gguf is None and (out / "model.safetensors").is_file()  # smollm2() does nothing
     try:
         if args.gguf is not None:
             gguf_to_hf(args.gguf, out)

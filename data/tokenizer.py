@@ -176,8 +176,8 @@ class HFTokenizer:
     BOS token or None. The name, "hf:" + the absolute folder, is what checkpoints and meta.json record.
     An instruction-tuned model's chat template (DIR/chat_template.jinja, or tokenizer_config.json's
     chat_template) is .chat_template, else None; chat(prompt) renders it. .files: the texts of
-    the files it read (HF_FILES), which train.py's checkpoints keep: files= reads them back, wherever
-    the folder has gone.
+    the files it read (HF_FILES), which train.py's checkpoints keep; files= reads them back,
+    wherever the folder has gone.
     """
 
     def __init__(self, folder, files=None):
@@ -229,8 +229,8 @@ def hf_tokenizer_file(folder):
     """folder/tokenizer.json, or a one-line FileNotFoundError that names the path."""
     path = Path(folder) / "tokenizer.json"
     if not path.is_file():
-        raise FileNotFoundError(f"no {path}: an hf: checkpoint is read with its own tokenizer; save "
-                                "it beside the weights (tokenizer.save_pretrained(DIR) in transformers)")
+        raise FileNotFoundError(f"no {path}: an hf: checkpoint is read with its own tokenizer; "
+                                "save it beside the weights (tokenizer.save_pretrained(DIR))")
     return path
 
 
@@ -244,12 +244,12 @@ def require(module):
 
 
 TOKENIZERS = {"byte": ByteTokenizer, "gpt2": GPT2Tokenizer}
-HF_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json")  # HFTokenizer's
+HF_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json")
 
 
 def get_tokenizer(name, files=None):
-    """The tokenizer called name: "byte", "gpt2", or "hf:DIR" (a Hugging Face checkpoint folder's; read
-    from files, {file name: text}, where given: a checkpoint's copy)."""
+    """The tokenizer called name: "byte", "gpt2", or "hf:DIR" (a Hugging Face checkpoint
+    folder's; read from files, {file name: text}, where given: a checkpoint's copy)."""
     if name.startswith("hf:"):
         return HFTokenizer(name[3:], files)
     if name not in TOKENIZERS:

@@ -80,7 +80,7 @@ def layer_in(block, z, k_cache, v_cache, conv_state, pos, rope, weights):
         x, new_state = causal_depthwise_conv(h[:, :1], attn.conv.weight, conv_state)
         conv_state.copy_(new_state)
         q, k, v = attn.c_q(h), attn.c_k(x), attn.c_v(x)
-    q, k = attn.head_norm(q, attn.q_norm), attn.head_norm(k, attn.k_norm)   # qk_norm only (orthros.py)
+    q, k = attn.head_norm(q, attn.q_norm), attn.head_norm(k, attn.k_norm)   # qk_norm only
     if alpha is not None:                                # Alg. 1, line 5: each twin's alpha * q + beta
         q = torch.addcmul(beta, alpha, q)
     cos, sin = rope                                      # Alg. 1, lines 6-7: both twins sit at pos

@@ -16,8 +16,8 @@ eval measures, for each model, on the same held-out text:
 The models: "original" is transformers' own LlamaForCausalLM; "orthros" and "swa" are built from the same
 weights at window w (identity scale-offsets; SWA drops the output stream). cpt trains each with train.py on the
 standard library's train split (--attn orthros | transformer | swa, the same steps and data) and evaluates them.
-Each step writes results/smollm2_<step>[_<device>].json with its commands, device, date and commit; eval
-writes out/smollm2_eval_<device>.json instead, so that a re-run keeps the committed file (--out names another).
+Each step writes results/smollm2_<step>[_<device>].json with its commands, device, date and commit;
+eval writes out/smollm2_eval_<device>.json (or --out FILE): a re-run keeps the committed one.
 """
 
 import argparse
@@ -159,14 +159,15 @@ def main(argv=None):
     parser.add_argument("--lr", type=float, default=1e-4, help="cpt: peak learning rate")
     parser.add_argument("--lengths", default="32768,131072", help="prefill: prompt lengths")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--out", help="eval: the JSON to write (default: out/smollm2_eval_<device>.json)")
+    parser.add_argument("--out", help="eval: the file to write (default: out/smollm2_eval_*.json)")
     args = parser.parse_args(argv)
     device, hf = pick_device(args.device), f"hf:{Path(args.hf).resolve()}"
     tokenizer = get_tokenizer(hf)
     if args.step == "eval":
         models = [("original", hf, "hf"), ("orthros", hf, "orthros"), ("swa", hf, "swa")]
         out = args.out or REPO / "out" / f"smollm2_eval_{torch.device(device).type}.json"
-        save("eval", evaluate((Model(*m, args.window, device) for m in models), tokenizer, args, device), device, out)
+        record = evaluate((Model(*m, args.window, device) for m in models), tokenizer, args, device)
+        save("eval", record, device, out)
     elif args.step == "cpt":
         data = REPO / "data" / "smollm2_stdlib"
         if not (data / "val.bin").exists():

@@ -41,7 +41,7 @@ def pytest_sessionfinish(session):
 
 @pytest.fixture(autouse=True)
 def torch_threads():
-    """Each test starts with torch's thread count as the session began (sample.main lowers it on busy cores)."""
+    """Each test starts with the session's torch thread count (sample.main may lower it)."""
     import torch
     threads = torch.get_num_threads()
     yield

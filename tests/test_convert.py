@@ -30,8 +30,8 @@ import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import sample
@@ -93,7 +93,8 @@ def hf(tmp_path_factory):
         "sharded": (llama3, {"max_shard_size": "40KB"}),
         "bf16": (copy.deepcopy(llama3).to(torch.bfloat16), {}),
         "qwen2": (build(Qwen2ForCausalLM, tiny(Qwen2Config, tie_word_embeddings=True, rope_theta=1e6), 2), {}),
-        "qwen3": (build(Qwen3ForCausalLM, tiny(Qwen3Config, head_dim=16, tie_word_embeddings=False, rope_theta=1e6), 3), {}),
+        "qwen3": (build(Qwen3ForCausalLM, tiny(Qwen3Config, head_dim=16, tie_word_embeddings=False,
+                                               rope_theta=1e6), 3), {}),
     }
     out = {}
     for name, (model, save_args) in made.items():
@@ -339,10 +340,11 @@ def test_weights_that_do_not_convert_exactly_are_refused(hf, tmp_path, weights, 
     one_line_error(e, *words)
 
 
-@pytest.mark.parametrize("config,words", [({"use_sliding_window": True, "sliding_window": 8}, ["use_sliding_window"]),
+@pytest.mark.parametrize("config,words", [({"use_sliding_window": True}, ["use_sliding_window"]),
                                           ({"attention_bias": True}, ["attention_bias"])])
 def test_qwen3_fields_that_do_not_convert_exactly_are_refused(hf, tmp_path, config, words):
-    """Qwen3's own sliding window, and its biases (on W_O too), are refused in one line naming the field."""
+    """Qwen3's own sliding window, and its biases (on W_O too), are refused in one line naming the
+    field."""
     with pytest.raises(ValueError) as e:
         load_checkpoint(f"hf:{edited_copy(hf['qwen3'][0], tmp_path, config)}")
     one_line_error(e, *words)
@@ -357,7 +359,8 @@ def test_missing_shard_is_refused(hf, tmp_path):
 
 
 def test_missing_tokenizer_is_refused(hf, tmp_path):
-    """A folder without tokenizer.json is refused in one line naming the path, by the loader and by the tokenizer."""
+    """A folder without tokenizer.json is refused in one line naming the path, by the loader and by
+    the tokenizer."""
     folder = edited_copy(hf["tied_mha"][0], tmp_path, drop=["tokenizer.json"])
     for load in (lambda: load_checkpoint(f"hf:{folder}"), lambda: get_tokenizer(f"hf:{folder}")):
         with pytest.raises(FileNotFoundError) as e:
@@ -420,16 +423,18 @@ def test_sample_greedy_equals_transformers_generate(hf, capsys, name):
 
 @pytest.mark.parametrize("attn", ["orthros", "swa"])
 def test_sample_window_option_converts_with_that_window(hf, capsys, attn):
-    """sample.py --ckpt hf:DIR --window 4 (--attn swa: as its SWA baseline) generates what the model converted with
-    window 4 generates."""
+    """sample.py --ckpt hf:DIR --window 4 (--attn swa: as its SWA baseline) generates what the model
+    converted with window 4 generates."""
     folder = hf["llama3_gqa_untied"][0]
     prompt, tok = "w5 w9 w17 w3 w40 w41 w42", get_tokenizer(f"hf:{folder}")
     idx = torch.tensor([tok.encode(prompt)])
-    ours = converted(folder, window=4, attn=attn).generate(idx, 16, temperature=0)[0, idx.size(1):].tolist()
-    assert ours != converted(folder, window=128).generate(idx, 16, temperature=0)[0, idx.size(1):].tolist()
-    record = sample_json(capsys, "--ckpt", f"hf:{folder}", "--window", "4", "--attn", attn, "--temperature", "0",
-                         "--prompt", prompt, "--max_new_tokens", "16", "--no_stop")
-    assert record["samples"] == [prompt + tok.decode(ours)]
+    ours = converted(folder, 4, attn=attn).generate(idx, 16, temperature=0)[0, idx.size(1):]
+    wide = converted(folder, 128).generate(idx, 16, temperature=0)[0, idx.size(1):]
+    assert not torch.equal(ours, wide)
+    record = sample_json(capsys, "--ckpt", f"hf:{folder}", "--window", "4", "--attn", attn,
+                         "--prompt", prompt, "--temperature", "0", "--max_new_tokens", "16",
+                         "--no_stop")
+    assert record["samples"] == [prompt + tok.decode(ours.tolist())]
 
 
 def test_sample_refuses_a_window_below_one(hf):
@@ -441,9 +446,9 @@ def test_sample_refuses_a_window_below_one(hf):
 
 @pytest.mark.parametrize("attn", ["orthros", "transformer"])
 def test_cpt_from_hf_writes_a_checkpoint_that_sample_reads(hf, tmp_path, capsys, attn):
-    """train.py --init_from hf:DIR: 20 steps of CPT (Orthros, or the Transformer as Base CPT) on data prepared with the
-    checkpoint's tokenizer write a checkpoint of the converted shape that records its source, and sample.py reads it
-    after DIR is gone (the checkpoint holds its tokenizer's files)."""
+    """train.py --init_from hf:DIR: 20 steps of CPT (Orthros, or the Transformer as Base CPT) on
+    data prepared with the checkpoint's tokenizer write a checkpoint of the converted shape that
+    records its source, and sample.py reads it after DIR is gone (it keeps its tokenizer)."""
     folder = tmp_path / "hf"
     shutil.copytree(hf["llama3_gqa_untied"][0], folder)
     rng = np.random.default_rng(0)
@@ -465,17 +470,19 @@ def test_cpt_from_hf_writes_a_checkpoint_that_sample_reads(hf, tmp_path, capsys,
 
 
 def test_an_hf_start_without_a_config_says_what_runs(hf, tmp_path, monkeypatch, capsys):
-    """train.py --init_from hf:DIR without --config, on a CPU: no note about the small preset (a GPU config), and the
-    config line says it runs the defaults with the model of hf:DIR, whose shape it lists."""
+    """train.py --init_from hf:DIR without --config, on a CPU: no note about the small preset (a GPU
+    config), and the config line says it runs the defaults with the model of hf:DIR, its shape."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     folder = hf["llama3_gqa_untied"][0]
     (tmp_path / "corpus.txt").write_text(" ".join(WORDS * 20))
     prepare_text(tmp_path / "corpus.txt", tmp_path / "data", tokenizer=f"hf:{folder}")
-    train.main(["--init_from", f"hf:{folder}", "--dataset", str(tmp_path / "data"), "--seq_len", "16", "--batch_size", "1",
-                "--max_iters", "0", "--eval_iters", "1", "--device", "cpu", "--out_dir", str(tmp_path / "run")])
+    train.main(["--init_from", f"hf:{folder}", "--dataset", str(tmp_path / "data"), "--seq_len",
+                "16", "--batch_size", "1", "--max_iters", "0", "--eval_iters", "1",
+                "--device", "cpu", "--out_dir", str(tmp_path / "run")])
     out = capsys.readouterr().out
     assert "small" not in out
-    assert f"no --config: the defaults, the model of hf:{folder}: " in out and "n_layer=2, n_head=4, n_embd=32" in out
+    assert f"no --config: the defaults, the model of hf:{folder}: " in out
+    assert "n_layer=2, n_head=4, n_embd=32" in out
 
 
 def test_a_converted_model_runs_as_its_baselines_and_a_trained_one_does_not(hf):

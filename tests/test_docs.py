@@ -68,17 +68,19 @@ def test_links_lead_somewhere(page):
 
 
 def test_readmes_cpt_command_is_the_recipe_behind_the_results(capsys):
-    """The README's continued pre-training of SmolLM2 trains as the run whose numbers the results give (its command,
-    recorded in results/smollm2_cpt.json): every option the same but the paths and how often it evaluates and logs."""
+    """The README's continued pre-training of SmolLM2 trains as the run whose numbers the results
+    give (its command, in results/smollm2_cpt.json): all options alike but paths, evals, logs."""
     import json
     import shlex
     import train
     command = re.search(r"^python train.py --init_from hf:models/SmolLM2.*\\\n.*$", README, re.M)[0]
     readme = shlex.split(command.replace("\\\n", " "))
-    recorded = shlex.split(json.loads((REPO / "results" / "smollm2_cpt.json").read_text())["orthros"]["command"])
-    ignored = ("init_from", "dataset", "out_dir", "overwrite", "eval_interval", "eval_iters", "log_interval")
-    options = lambda words: {k: v for k, v in vars(train.parse_args(words)[1]).items() if k not in ignored}
-    assert options(readme[2:]) == options(recorded[1:])
+    recorded = json.loads((REPO / "results" / "smollm2_cpt.json").read_text())["orthros"]["command"]
+    ignored = ("init_from", "dataset", "out_dir", "overwrite", "eval_interval", "eval_iters",
+               "log_interval")
+    options = lambda words: {k: v for k, v in vars(train.parse_args(words)[1]).items()
+                             if k not in ignored}
+    assert options(readme[2:]) == options(shlex.split(recorded)[1:])
 
 
 # -----------------------------------------------------------------------------

@@ -5,16 +5,16 @@ Face folder by convert/from_gguf.py (transformers reads the GGUF file), then con
 The folder stays in models/, where `python convert/from_gguf.py` puts it, so later runs reuse it.
 
 The tests prove, on real text and with transformers itself as the reference (float32, CPU):
-  - the folder holds SmolLM2: transformers reading it scores PEP 20 as measured once, to 1e-3 (with Q
-    and K left in llama.cpp's permuted order: 5.04 against 3.08, which tests comparing two readers of
-    the same folder cannot see);
+  - the folder holds SmolLM2: transformers reading it scores PEP 20 as measured once, to 1e-3
+    (with Q and K left in llama.cpp's permuted order: 5.04 against 3.08, which tests comparing
+    two readers of the same folder cannot see);
   - with a window covering the sequence, the converted model's logits are transformers' on ~1,000
     tokens of the Python standard library's source (paper section 3: identity scale-offsets and a
     window w >= T make Orthros the Transformer it came from);
   - sample.py --chat renders the model's own chat template as transformers does, generates transformers'
     greedy answer token for token, and stops at the model's end token <|im_end|>.
-And, with transformers stubbed (no model): convert/from_gguf.py writes a folder of the umask's modes and
-says when it had nothing to do; repro/smollm2.py eval writes out/, not the committed results/ file.
+And, with transformers stubbed (no model): convert/from_gguf.py writes a folder of the umask's
+modes and says when it had nothing to do; repro/smollm2.py eval keeps the committed results/ file.
 """
 
 import contextlib
@@ -42,7 +42,7 @@ from convert.from_gguf import smollm2
 from data.tokenizer import get_tokenizer
 from repro import smollm2 as repro_smollm2
 
-TOL = 1e-5  # of the largest logit: what the README states (float32 sums in another order: 2e-6 measured)
+TOL = 1e-5  # of the largest logit, as the README states (sums in another order: 2e-6 measured)
 
 
 @pytest.fixture(scope="module")
@@ -60,20 +60,23 @@ def real_text(tokenizer, n):
 
 
 def test_the_folder_holds_smollm2_its_loss_on_pep_20_as_measured(smol):
-    """transformers reading the folder scores PEP 20 (The Zen of Python, from Python's own `this` module) at the
-    loss measured once (3.0819 nats per token, 2026-12-06), within 1e-3: a folder of other weights fails."""
+    """transformers reading the folder scores PEP 20 (The Zen of Python, in Python's own `this`
+    module) at the loss measured once (3.0819 nats per token, 2026-12-06), within 1e-3: a folder
+    of other weights fails."""
     folder, theirs_model, ckpt = smol
     with contextlib.redirect_stdout(io.StringIO()):  # importing it prints it
         import this
-    ids = torch.tensor([get_tokenizer(ckpt["tokenizer"]).encode("".join(this.d.get(c, c) for c in this.s))])
+    zen = "".join(this.d.get(c, c) for c in this.s)  # rot13
+    ids = torch.tensor([get_tokenizer(ckpt["tokenizer"]).encode(zen)])
     with torch.no_grad():
         loss = F.cross_entropy(theirs_model(ids).logits[0, :-1], ids[0, 1:]).item()
     assert ids.size(1) == 203 and loss == pytest.approx(3.0819, abs=1e-3)
 
 
 def test_logits_equal_transformers_on_real_text(smol):
-    """At a window covering 1,000 tokens, the converted SmolLM2 gives transformers' logits, to TOL (1e-5) of their
-    largest magnitude, and the same next token wherever transformers' top two differ by more than that."""
+    """At a window covering 1,000 tokens, the converted SmolLM2 gives transformers' logits, to TOL
+    (1e-5) of their largest magnitude, and the same next token wherever transformers' top two
+    differ by more than that."""
     folder, theirs_model, ckpt = smol
     idx = real_text(get_tokenizer(ckpt["tokenizer"]), 1000)
     with torch.no_grad():
@@ -114,15 +117,17 @@ def test_chat_answer_is_transformers_and_stops_at_the_end_token(smol, capsys):
 # The scripts around the model, with transformers stubbed: no model is read
 
 def test_from_gguf_writes_a_folder_of_the_umasks_modes(tmp_path, monkeypatch):
-    """gguf_to_hf's folder and files get the modes the umask gives (755 and 644 under umask 022), not mkdtemp's 700."""
-    def read_gguf(**source):  # what transformers reads from a GGUF file: a model that still names its quantization
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-                                             num_attention_heads=2))
+    """gguf_to_hf's folder and files get the modes the umask gives (755 and 644 under umask 022),
+    not mkdtemp's 700."""
+    def read_gguf(**source):  # what transformers reads from a GGUF file: it names its quantization
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8,
+                                             num_hidden_layers=1, num_attention_heads=2))
         model.config.quantization_config = {}
         return model
+    write = lambda folder: (Path(folder) / "tokenizer.json").write_text("{}")
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", read_gguf)
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda **source: types.SimpleNamespace(
-        save_pretrained=lambda folder: (Path(folder) / "tokenizer.json").write_text("{}")))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda **source: types.SimpleNamespace(save_pretrained=write))
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     umask = os.umask(0o022)
     try:
@@ -135,7 +140,8 @@ def test_from_gguf_writes_a_folder_of_the_umasks_modes(tmp_path, monkeypatch):
 
 
 def test_from_gguf_run_again_says_it_left_the_folder_as_it_was(tmp_path, capsys):
-    """python convert/from_gguf.py with the folder already there fetches nothing and says so, not "wrote"."""
+    """python convert/from_gguf.py with the folder already there fetches nothing and says so, not
+    "wrote"."""
     (tmp_path / "model.safetensors").write_bytes(b"")
     from_gguf.main(["--out", str(tmp_path)])
     out = capsys.readouterr().out
@@ -143,16 +149,17 @@ def test_from_gguf_run_again_says_it_left_the_folder_as_it_was(tmp_path, capsys)
 
 
 def test_eval_rerun_writes_out_not_the_committed_results(tmp_path, monkeypatch):
-    """python repro/smollm2.py eval writes out/smollm2_eval_cpu.json and leaves results/smollm2_eval_cpu.json as committed;
-    --out names the file."""
+    """python repro/smollm2.py eval writes out/smollm2_eval_cpu.json and leaves
+    results/smollm2_eval_cpu.json as committed; --out names the file."""
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "smollm2_eval_cpu.json").write_text("committed")
     monkeypatch.setattr(repro_smollm2, "REPO", tmp_path)
     monkeypatch.setattr(repro_smollm2, "get_tokenizer", lambda name: None)
-    monkeypatch.setattr(repro_smollm2, "evaluate", lambda models, *args: {"models": [m[0] for m in models]})
+    monkeypatch.setattr(repro_smollm2, "evaluate", lambda ms, *a: {"models": [m[0] for m in ms]})
     monkeypatch.setattr(repro_smollm2, "Model", lambda *args: args)
     repro_smollm2.main(["eval", "--device", "cpu"])
     assert (tmp_path / "results" / "smollm2_eval_cpu.json").read_text() == "committed"
-    assert json.loads((tmp_path / "out" / "smollm2_eval_cpu.json").read_text())["models"] == ["original", "orthros", "swa"]
+    written = json.loads((tmp_path / "out" / "smollm2_eval_cpu.json").read_text())
+    assert written["models"] == ["original", "orthros", "swa"]
     repro_smollm2.main(["eval", "--device", "cpu", "--out", str(tmp_path / "mine.json")])
     assert (tmp_path / "mine.json").is_file()

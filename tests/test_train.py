@@ -282,7 +282,7 @@ def test_a_resumed_run_that_does_not_improve_names_its_earlier_best(pretrained, 
 def test_the_printed_resume_command_gives_back_the_same_options(monkeypatch):
     """The resume command is quoted for the shell: an empty value and one with a space read back as the same
     options, with --init_from resume instead of the run's --init_from and --overwrite."""
-    monkeypatch.setattr(train, "resumed", lambda cfg, given: ("tiny", cfg))  # no run to read its options from
+    monkeypatch.setattr(train, "resumed", lambda cfg, given: ("tiny", cfg))  # no run to read
     argv = ["--config", "tiny", "--curriculum", "", "--dataset", "my data", "--init_from", "old run/ckpt.pt", "--overwrite=true"]
     words = shlex.split(resume_command(argv))
     assert words == ["python", "train.py", "--config", "tiny", "--curriculum", "", "--dataset", "my data", "--init_from", "resume"]
@@ -291,15 +291,17 @@ def test_the_printed_resume_command_gives_back_the_same_options(monkeypatch):
 
 
 def test_resume_restores_the_runs_options_and_says_which_given_ones_change_them(tmp_path, capsys):
-    """--init_from resume trains on with the options the run saved (its lr 1e-4, not the preset's 3e-3); an option
-    given again overrides its saved value, and the start-up line names it with the value it replaces."""
-    saved = {**vars(train.TrainConfig(**train.CONFIGS["tiny"])), "lr": 1e-4, "max_iters": 200, "warmup_iters": 20}
+    """--init_from resume trains on with the options the run saved (its lr 1e-4, not the preset's
+    3e-3); an option given again overrides its saved value, and the start-up line names it with the
+    value it replaces."""
+    saved = {**vars(train.TrainConfig(**train.CONFIGS["tiny"])), "lr": 1e-4, "max_iters": 200}
     save_checkpoint(tmp_path / "ckpt_last.pt", step=200, config_name="tiny", train_config=saved)
     capsys.readouterr()
-    name, cfg = train.parse_args(["--config", "tiny", "--init_from", "resume", "--out_dir", str(tmp_path),
-                                  "--max_iters", "400", "--warmup_iters", "20"])
-    assert (name, cfg.lr, cfg.warmup_iters, cfg.max_iters, cfg.init_from) == ("tiny", 1e-4, 20, 400, "resume")
-    assert capsys.readouterr().out == f"resuming {tmp_path}/ckpt_last.pt with its run's options, but --max_iters 400 (was 200)\n"
+    name, cfg = train.parse_args(["--config", "tiny", "--init_from", "resume", "--out_dir",
+                                  str(tmp_path), "--max_iters", "400", "--warmup_iters", "10"])
+    assert (name, cfg.lr, cfg.max_iters, cfg.init_from) == ("tiny", 1e-4, 400, "resume")
+    assert capsys.readouterr().out == (f"resuming {tmp_path}/ckpt_last.pt with its run's options, "
+                                       "but --max_iters 400 (was 200)\n")
 
 
 def test_a_pretrained_model_starts_at_a_lower_lr_unless_one_is_given(capsys):
@@ -676,8 +678,9 @@ def test_cuda_sample_suggests_the_fast_decoder(pretrained, capsys):
 
 
 def test_sample_on_a_cpu_leaves_busy_cores_alone(pretrained, monkeypatch, capsys):
-    """sample.py on a CPU runs as many threads as the 1-minute load average leaves cores free (at least one, at most
-    torch's default), unless OMP_NUM_THREADS names a number: with both of 2 cores busy, one thread."""
+    """sample.py on a CPU runs as many threads as the 1-minute load average leaves cores free (at
+    least one, at most torch's default), unless OMP_NUM_THREADS names a number: with both of 2
+    cores busy, one thread."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     default, ran = torch.get_num_threads(), []
@@ -686,7 +689,8 @@ def test_sample_on_a_cpu_leaves_busy_cores_alone(pretrained, monkeypatch, capsys
         monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
         if omp:
             monkeypatch.setenv("OMP_NUM_THREADS", omp)
-        sample.main(["--ckpt", str(pretrained / "ckpt_last.pt"), "--max_new_tokens", "2", "--device", "cpu"])
+        sample.main(["--ckpt", str(pretrained / "ckpt_last.pt"), "--max_new_tokens", "2",
+                     "--device", "cpu"])
         ran.append(torch.get_num_threads())
     assert ran == [1, min(default, 2), default]
 
