@@ -200,7 +200,7 @@ class OrthrosAttention(nn.Module):
         o_out = fast_reference_attention(q_out, k, v, None, self.swa_impl, dropout_p)  # Alg. 1, line 9 (eq. 5)
         merge = lambda o: o.transpose(1, 2).flatten(2)                         # -> (B, rows, H * D)
         o, o_out = merge(o), merge(o_out)                                      # Alg. 1, line 10: merge heads
-        o = torch.cat([o, o_out], dim=1)                                       # Alg. 1, line 11: (B, T + t_out, C)
+        o = torch.cat([o, o_out], dim=1)                                       # Alg. 1, line 11: (B, T + t_out, H D)
         return self.c_proj(o)                                                  # Alg. 1, line 12: Y = O W_O
 
 
