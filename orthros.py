@@ -145,7 +145,7 @@ class OrthrosAttention(nn.Module):
         C = config.n_embd
         self.n_head, self.head_dim = config.n_head, config.head_dim or C // config.n_head
         self.n_kv_head = config.n_kv_head or config.n_head   # grouped-query attention: fewer K, V
-        C_q, C_kv = self.n_head * self.head_dim, self.n_kv_head * self.head_dim  # C_q = C by default
+        C_q, C_kv = self.n_head * self.head_dim, self.n_kv_head * self.head_dim  # C_q: C by default
         self.window = None if config.attn == "transformer" else config.window
         self.swa_impl, self.dropout = config.swa_impl, config.dropout
         # Alg. 1, line 2: W_Q, W_K, W_V, W_O, shared by base and output tokens.
@@ -206,7 +206,7 @@ class OrthrosAttention(nn.Module):
         o_out = attention(q_out, k, v, None, dropout_p=dropout_p)        # Alg. 1, line 9 (eq. 5)
         merge = lambda o: o.transpose(1, 2).flatten(2)                   # -> (B, rows, H * D)
         o, o_out = merge(o), merge(o_out)                                # Alg. 1, line 10
-        o = torch.cat([o, o_out], dim=1)                                 # Alg. 1, line 11
+        o = torch.cat([o, o_out], dim=1)              # Alg. 1, line 11: (B, T + t_out, H * D)
         return self.c_proj(o)                                            # Alg. 1, line 12
 
 

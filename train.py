@@ -188,7 +188,7 @@ def parse_args(argv):
 
 def resumed(cfg, given):
     """--init_from resume: (its config name, the TrainConfig the run saved in out_dir/ckpt_last.pt,
-    with the options given on this command line over it); a line says which given ones change it."""
+    with the options given on this command line over it); a note names those that change it."""
     try:
         ckpt = load_start("resume", cfg.out_dir, mmap=True)  # mmap: the config, not the weights
     except ValueError as e:
@@ -196,9 +196,9 @@ def resumed(cfg, given):
     saved = {k: v for k, v in ckpt.get("train_config", {}).items() if k in dataclasses.asdict(cfg)}
     changed = [f"--{k} {v} (was {saved[k]!r})" for k, v in given.items()
                if k not in ("init_from", "out_dir", "overwrite") and v != saved.get(k, v)]
-    if os.environ.get("RANK", "0") == "0":
-        print(f"resuming {cfg.out_dir}/ckpt_last.pt with its run's options"
-              + (f", but {', '.join(changed)}" if changed else ""))
+    if changed and os.environ.get("RANK", "0") == "0":
+        print(f"note: resuming {cfg.out_dir}/ckpt_last.pt with its run's options, "
+              f"but {', '.join(changed)}")
     kept = {"out_dir": cfg.out_dir, "overwrite": cfg.overwrite, "init_from": "resume"}
     restored = {**dataclasses.asdict(cfg), **saved, **given, **kept}
     return ckpt.get("config_name"), TrainConfig(**restored)

@@ -300,8 +300,8 @@ def test_resume_restores_the_runs_options_and_says_which_given_ones_change_them(
     name, cfg = train.parse_args(["--config", "tiny", "--init_from", "resume", "--out_dir",
                                   str(tmp_path), "--max_iters", "400", "--warmup_iters", "10"])
     assert (name, cfg.lr, cfg.max_iters, cfg.init_from) == ("tiny", 1e-4, 400, "resume")
-    assert capsys.readouterr().out == (f"resuming {tmp_path}/ckpt_last.pt with its run's options, "
-                                       "but --max_iters 400 (was 200)\n")
+    assert capsys.readouterr().out == (f"note: resuming {tmp_path}/ckpt_last.pt with its run's "
+                                       "options, but --max_iters 400 (was 200)\n")
 
 
 def test_a_pretrained_model_starts_at_a_lower_lr_unless_one_is_given(capsys):
