@@ -12,13 +12,19 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `pytest tests/` from anywhere: import from the repository root
 
-RECALL = {}   # attn -> (out_dir, its training process), once the session has a test that reads the runs
+RECALL = {}   # attn -> (out_dir, its training process), once a test of the session reads the runs
+
+
+def pytest_configure(config):
+    # torch 2.13's Inductor imports torch/utils/mkldnn.py, which calls the deprecated script_method.
+    config.addinivalue_line("filterwarnings",
+                            "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 
 
 def pytest_collection_finish(session):
-    """The recall_micro trainings (SWA and Orthros, about 20 s each on one CPU thread) start as soon as the
-    session knows that a test reads them. They run beside the tests before it, at the lowest priority (nice
-    19): they take the cycles those tests leave idle. recall_runs waits for them."""
+    """The recall_micro trainings (SWA and Orthros, about 20 s each on one CPU thread) start as
+    soon as the session knows that a test reads them. They run beside the tests before it, at the
+    lowest priority (nice 19): they take the cycles those tests leave idle. recall_runs waits."""
     if not any("recall_runs" in getattr(item, "fixturenames", ()) for item in session.items):
         return
     from data.prepare_utils import find_dataset
@@ -27,8 +33,9 @@ def pytest_collection_finish(session):
     for attn in ("swa", "orthros"):
         with open(root / f"{attn}.log", "w") as log:
             RECALL[attn] = root / attn, subprocess.Popen(
-                [sys.executable, "train.py", "--config", "recall_micro", "--attn", attn, "--device", "cpu",
-                 "--out_dir", str(root / attn)], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                [sys.executable, "train.py", "--config", "recall_micro", "--attn", attn, "--device",
+                 "cpu", "--out_dir", str(root / attn)], cwd=REPO,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
                 stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19))
 
 
@@ -50,8 +57,9 @@ def torch_threads():
 
 @pytest.fixture(scope="session")
 def recall_runs():
-    """recall_micro trained once per test session, for SWA and Orthros: {attn: out_dir}. test_train.py's
-    recall test and exercise 10's check both read them."""
+    """recall_micro trained once per test session, for SWA and Orthros: {attn: out_dir}.
+    test_train.py's recall test and exercise 10's check both read them."""
     for attn, (out, proc) in RECALL.items():
-        assert proc.wait() == 0, f"the recall_micro {attn} run failed:\n{(out.parent / f'{attn}.log').read_text()}"
+        log = (out.parent / f"{attn}.log").read_text
+        assert proc.wait() == 0, f"the recall_micro {attn} run failed:\n{log()}"
     return {attn: out for attn, (out, _) in RECALL.items()}
