@@ -1,20 +1,11 @@
 """
-Converting Hugging Face checkpoints (convert/hf.py), held to transformers itself on CPU.
-
-Tiny random models are built with transformers (LlamaForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM) and saved with save_pretrained, once per session, together with a tokenizer.json
-built here. They cover grouped-query attention (4 query heads over 2 KV heads), SwiGLU, tied and
-untied heads, rope_theta 500000 with Llama 3's RoPE scaling, RMSNorm eps 1e-5 (where it matters),
-float32 and bfloat16, a sharded checkpoint, and Qwen3's per-head query and key norms with heads of
-width 16 where hidden_size / num_attention_heads is 8. The tests prove:
-  - with a window w >= T the converted model gives transformers' logits (paper section 3: with
-    identity scale-offsets and a window that covers the sequence, Orthros is the Transformer),
-    and with w < T the same logits within the window only;
-  - the checkpoint's tokenizer encodes as transformers' does; bins hold ids beyond uint16;
-  - what cannot be converted exactly is refused in one line that names the field;
-  - sample.py and train.py take hf:DIR (greedy generation equals transformers' generate; a few
-    steps of continued pre-training write a checkpoint that sample.py reads).
-transformers is a test-only dependency; nothing here touches the network.
+Converting Hugging Face checkpoints (convert/hf.py), held to transformers itself on CPU: tiny random
+Llama, Qwen2 and Qwen3 models saved by save_pretrained once per session, with a tokenizer.json built
+here (grouped-query attention, SwiGLU, tied and untied heads, Llama 3's RoPE scaling, RMSNorm's eps,
+bfloat16, shards, Qwen3's QK-norm and head width). With a window w >= T the converted model gives
+transformers' logits (paper section 3: with identity scale-offsets and a window that covers the
+sequence, Orthros is the Transformer); what cannot be converted exactly is refused in one line; the
+tokenizer, sample.py and train.py take hf:DIR. Nothing here touches the network.
 """
 
 import copy
@@ -22,6 +13,7 @@ import json
 import os
 import shutil
 import sys
+import types
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: never the network
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -85,8 +77,7 @@ def save_tokenizer(folder):
 
 @pytest.fixture(scope="session")
 def hf(tmp_path_factory):
-    """{name: (folder, transformers model)}, each folder written by save_pretrained, with the
-    tokenizer."""
+    """{name: (folder, transformers model)}, each saved by save_pretrained, with the tokenizer."""
     root = tmp_path_factory.mktemp("hf")
     llama3 = build(LlamaForCausalLM, tiny(LlamaConfig, tie_word_embeddings=False, rms_norm_eps=1e-5,
                                           rope_theta=500000.0, rope_scaling=dict(LLAMA3)),
@@ -94,20 +85,15 @@ def hf(tmp_path_factory):
     tied = tiny(LlamaConfig, num_key_value_heads=4, tie_word_embeddings=True)
     qwen2 = tiny(Qwen2Config, tie_word_embeddings=True, rope_theta=1e6)
     qwen3 = tiny(Qwen3Config, head_dim=16, tie_word_embeddings=False, rope_theta=1e6)
-    made = {
-        "llama3_gqa_untied": (llama3, {}),
-        "tied_mha": (build(LlamaForCausalLM, tied, 1), {}),
-        "sharded": (llama3, {"max_shard_size": "40KB"}),
-        "bf16": (copy.deepcopy(llama3).to(torch.bfloat16), {}),
-        "qwen2": (build(Qwen2ForCausalLM, qwen2, 2), {}),
-        "qwen3": (build(Qwen3ForCausalLM, qwen3, 3), {}),
-    }
-    out = {}
-    for name, (model, save_args) in made.items():
-        model.save_pretrained(root / name, **save_args)
+    models = {"llama3_gqa_untied": llama3, "tied_mha": build(LlamaForCausalLM, tied, 1),
+              "sharded": llama3, "bf16": copy.deepcopy(llama3).to(torch.bfloat16),
+              "qwen2": build(Qwen2ForCausalLM, qwen2, 2),
+              "qwen3": build(Qwen3ForCausalLM, qwen3, 3)}
+    for name, model in models.items():
+        shards = {"max_shard_size": "40KB"} if name == "sharded" else {}
+        model.save_pretrained(root / name, **shards)
         save_tokenizer(root / name)
-        out[name] = (root / name, model)
-    return out
+    return {name: (root / name, model) for name, model in models.items()}
 
 
 def hf_logits(model, idx):
@@ -235,14 +221,6 @@ def test_tokenizer_encodes_as_transformers(hf):
     assert ours.decode(ours.encode("w9 w10")) == "<s> w9 w10"
 
 
-class Llama3SizedTokenizer:
-    """A stand-in with Llama 3's 128,256 ids: character c becomes the id 128000 + ord(c) % 256."""
-    name, vocab_size, eot = "llama3-sized", 128256, 128255
-
-    def encode(self, text):
-        return [128000 + ord(c) % 256 for c in text]
-
-
 def test_prepared_data_holds_each_document_and_every_id(hf, tmp_path):
     """Prepared with a tokenizer, each document is [BOS] ids EOS, in uint16 where the ids fit and
     in uint32 (recorded in meta.json) beyond 65,536, read back whole."""
@@ -251,7 +229,8 @@ def test_prepared_data_holds_each_document_and_every_id(hf, tmp_path):
     write_dataset(tmp_path / "small", tok, ["w3 w4", "w5"], ["w6"], source="test")
     assert ids(tmp_path / "small", np.uint16) == [1, 3, 4, 2, 1, 5, 2]
     assert load_meta(tmp_path / "small")["tokenizer"] == tok.name
-    tok = Llama3SizedTokenizer()
+    tok = types.SimpleNamespace(name="llama3-sized", vocab_size=128256, eot=128255,  # Llama 3
+                                encode=lambda text: [128000 + ord(c) % 256 for c in text])
     write_dataset(tmp_path, tok, ["abcdefgh" * 4], ["hgfedcba" * 4], source="test")
     assert load_meta(tmp_path)["dtype"] == "uint32"
     assert ids(tmp_path, np.uint32) == tok.encode("abcdefgh" * 4) + [tok.eot]
@@ -371,22 +350,6 @@ def test_sample_greedy_equals_transformers_generate(hf, capsys, name):
     record = sample_json(capsys, "--ckpt", f"hf:{folder}", "--temperature", "0", "--prompt", prompt,
                          "--max_new_tokens", str(n), "--no_stop")
     assert record["samples"] == [prompt + get_tokenizer(f"hf:{folder}").decode(theirs.tolist())]
-
-
-@pytest.mark.parametrize("attn", ["orthros", "swa"])
-def test_sample_window_option_converts_with_that_window(hf, capsys, attn):
-    """sample.py --ckpt hf:DIR --window 4 (--attn swa: its SWA baseline) generates what the model
-    converted with window 4 generates."""
-    folder = hf["llama3_gqa_untied"][0]
-    prompt, tok = "w5 w9 w17 w3 w40 w41 w42", get_tokenizer(f"hf:{folder}")
-    idx = torch.tensor([tok.encode(prompt)])
-    new = lambda model: model.generate(idx, 16, temperature=0)[0, idx.size(1):]
-    ours = new(converted(folder, 4, attn=attn))
-    assert not torch.equal(ours, new(converted(folder, 128)))
-    record = sample_json(capsys, "--ckpt", f"hf:{folder}", "--window", "4", "--attn", attn,
-                         "--prompt", prompt, "--temperature", "0", "--max_new_tokens", "16",
-                         "--no_stop")
-    assert record["samples"] == [prompt + tok.decode(ours.tolist())]
 
 
 @pytest.mark.parametrize("attn", ["orthros", "transformer"])
