@@ -31,6 +31,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import orthros
 from orthros import (ATTN_TYPES, SCALE_OFFSETS, Orthros, OrthrosConfig,
@@ -48,8 +49,7 @@ OPTIONS = {"plain": {}, "conv": dict(conv_kernel=3), "llama": LLAMA}
 
 
 def make_model(attn="orthros", seed=0, dtype=torch.float64, randomize=True, **overrides):
-    """A tiny model in float64. randomize=True moves the scale-offsets (and the optional
-    convolution) off their identity start, so the tests can tell the two streams apart."""
+    """A tiny model in float64, scale-offsets and convolution off identity (randomize)."""
     kw = dict(vocab_size=37, n_layer=2, n_head=2, n_embd=16, window=8, attn=attn, max_seq_len=512)
     torch.manual_seed(seed)
     model = Orthros(OrthrosConfig(**{**kw, **overrides})).to(dtype).eval()
@@ -65,8 +65,7 @@ def tokens(B, T):
 
 
 def incremental_logits(model, idx, p, steps=None):
-    """Logits at positions p-1 ... T-1 from prefill(idx[:, :p]) and then one decode step per
-    token (or only the first `steps` of them)."""
+    """Logits at p-1 ... T-1 by prefill(idx[:, :p]), then a decode step per token (or `steps`)."""
     logits, cache = model.prefill(idx[:, :p])
     out = [logits]
     for t in range(p, idx.size(1) if steps is None else min(idx.size(1), p + steps)):
@@ -154,8 +153,7 @@ PAPER_TOL = dict(rtol=0, atol=1e-5)
 
 @pytest.mark.parametrize("window", [3, 12, 20], ids=["w=3", "w=T-1", "w>T"])
 def test_model_is_the_papers_algorithms(window):
-    """The logits equal Algorithms 1 and 2 written out, in every regime, and the KV cache is
-    their base stream."""
+    """Logits and KV cache equal Algorithms 1 and 2 written out, in every regime."""
     model = make_model(window=window)
     with torch.no_grad():
         for p in model.parameters():   # every weight off its start, each by its own draw
@@ -236,31 +234,23 @@ def test_t_out_gives_the_last_rows(attn, options):
 
 @pytest.mark.parametrize("attn", ATTN_TYPES)
 def test_sft_loss_with_small_t_out_equals_full_t_out(attn):
-    """The SFT loss and its gradients with a small t_out equal those with t_out = T."""
+    """The loss, mean cross-entropy of targets not -1, and its gradients agree for any t_out."""
     model = make_model(attn)
     idx, targets = tokens(2, 24), tokens(2, 24)
     targets[0, :15] = -1       # example 0: its response starts at position 15
     targets[1, :19] = -1       # example 1: at position 19
     targets[1, 21] = -1        # and a hole inside the response
     results = []
-    for t_out in (9, 12, 24):  # 9 = smallest suffix that covers every target
+    for t_out in (24, 12, 9):  # 9 = smallest suffix that covers every target
         model.zero_grad()
-        _, loss = model(idx, targets, t_out=t_out)
+        logits, loss = model(idx, targets, t_out=t_out)
         loss.backward()
         results.append([loss.detach()] + [p.grad.clone() for p in model.parameters()])
+    keep = targets != -1
+    torch.testing.assert_close(results[0][0], F.cross_entropy(logits[keep[:, -9:]], targets[keep]))
     for result in results[1:]:
         torch.testing.assert_close(result, results[0], rtol=0, atol=1e-12)
-
-
-def test_loss_is_the_mean_over_non_ignored_targets():
-    """The loss is the mean cross-entropy over the non-ignored targets, 0 if there are none."""
-    model = make_model()
-    idx, targets = tokens(2, 10), tokens(2, 10)
-    targets[0, 3] = -1
-    logits, loss = model(idx, targets)
-    keep = targets != -1
-    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(logits[keep], targets[keep]))
-    assert model(idx, torch.full_like(idx, -1))[1].item() == 0.0
+    assert model(idx, torch.full_like(idx, -1))[1].item() == 0.0   # no target: 0, not NaN
 
 
 # -----------------------------------------------------------------------------
@@ -340,30 +330,20 @@ def test_flex_block_tables_are_exact():
 # -----------------------------------------------------------------------------
 # Invariant 4: the reach of each stream is bounded
 
-@pytest.mark.parametrize("attn", ["orthros", "swa"])
-def test_base_stream_is_local(attn):
-    """The keys and values at position t depend only on tokens t - L(w-1) ... t."""
+@pytest.mark.parametrize("attn", ATTN_TYPES)
+def test_reach_of_each_stream(attn):
+    """K, V at t depend on tokens t - L(w-1) ... t only; the logits on all (but SWA's)."""
     model = make_model(attn, n_layer=3, window=4)
     T, reach = 30, 3 * (4 - 1)                                 # L(w-1) = 9
-    idx = tokens(1, T)
+    idx, pos = tokens(1, T), torch.arange(T)
+    changed = lambda where: (idx + where) % 37                 # idx, other tokens where True
     last_kv = lambda idx: [(l.k[..., -1, :], l.v[..., -1, :]) for l in model.prefill(idx)[1].layers]
-    far, near = idx.clone(), idx.clone()
-    far[0, :T - 1 - reach] = (far[0, :T - 1 - reach] + 1) % 37  # every token farther than L(w-1)
-    j = T - 1 - (reach - 3)             # within the reach of the last layer's keys, (L-1)(w-1)
-    near[0, j] = (near[0, j] + 1) % 37
-    torch.testing.assert_close(last_kv(far), last_kv(idx), rtol=0, atol=0)
-    assert not torch.equal(last_kv(near)[2][0], last_kv(idx)[2][0])
-
-
-@pytest.mark.parametrize("attn", ATTN_TYPES)
-def test_output_stream_is_global(attn):
-    """Token 0 changes the last logit beyond the window: for orthros and transformer, not swa."""
-    model = make_model(attn, window=4)
-    idx = tokens(1, 40)
-    other = idx.clone()
-    other[0, 0] = (other[0, 0] + 1) % 37
-    changed = not torch.equal(model(idx, t_out=1)[0], model(other, t_out=1)[0])
-    assert changed == (attn != "swa")
+    if attn != "transformer":   # every token farther than L(w-1); one the last layer's keys reach
+        far, near = pos < T - 1 - reach, pos == T - 1 - (reach - 3)
+        torch.testing.assert_close(last_kv(changed(far)), last_kv(idx), rtol=0, atol=0)
+        assert not torch.equal(last_kv(changed(near))[2][0], last_kv(idx)[2][0])
+    last_logit = lambda idx: model(idx, t_out=1)[0]
+    assert torch.equal(last_logit(changed(pos == 0)), last_logit(idx)) == (attn == "swa")
 
 
 # -----------------------------------------------------------------------------
@@ -419,36 +399,25 @@ def test_grouped_query_attention_is_attention_with_shared_kv_heads():
 # Generation
 
 @pytest.mark.parametrize("attn", ATTN_TYPES)
-def test_greedy_generate_equals_argmax_of_full_forwards(attn):
-    """generate(temperature=0) through the KV cache is the argmax of repeated full forwards."""
-    model = make_model(attn)
+def test_greedy_generation_streams_the_argmax_of_full_forwards(attn):
+    """Greedy generate_tokens yields full forwards' argmax, each token after its decode step."""
+    model, calls = make_model(attn), []
+
+    class Counting:   # the model's own decoder, counting its calls
+        prefill = lambda self, idx: calls.append("prefill") or model.prefill(idx)
+        decode = lambda self, token, state: calls.append("decode") or model.decode(token, state)
+
     ref = idx = tokens(2, 5)
-    for _ in range(12):
+    for _ in range(6):
         ref = torch.cat([ref, model(ref, t_out=1)[0][:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(model.generate(idx, 12, temperature=0), ref)
-
-
-def test_generate_tokens_streams_each_token_as_it_is_decoded():
-    """generate_tokens yields the first token after prefill, each next after one decode step, and
-    decodes no more."""
-    model, calls = make_model(), []
-
-    class Counting:
-        def prefill(self, idx):
-            return calls.append("prefill") or model.prefill(idx)
-
-        def decode(self, next_idx, state):
-            return calls.append("decode") or model.decode(next_idx, state)
-
-    gen = model.generate_tokens(tokens(2, 5), 4, temperature=0, decoder=Counting())
-    assert [(token.shape, len(calls)) for token in gen] == [((2, 1), n) for n in (1, 2, 3, 4)]
-    assert calls == ["prefill"] + ["decode"] * 3
+    gen = [(len(calls), token) for token in model.generate_tokens(idx, 6, 0, decoder=Counting())]
+    assert [n for n, _ in gen] == [1, 2, 3, 4, 5, 6] and calls == ["prefill"] + ["decode"] * 5
+    assert torch.equal(torch.cat([idx] + [token for _, token in gen], 1), ref)
 
 
 @pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.5, None), (1.0, 3)])
 def test_sample_draws_from_the_softmax_of_the_top_k(temperature, top_k):
-    """Over 40,000 draws, each token comes as often as softmax(logits / temperature) of the top k
-    says."""
+    """Tokens come as often as softmax(logits / temperature) over the top k says."""
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 1.5])
     torch.manual_seed(0)
     draws = orthros.sample_next(logits.expand(40000, 1, -1), temperature, top_k)   # (40000, 1)

@@ -138,8 +138,7 @@ def test_logits_differ_from_transformers_beyond_the_window(hf):
 
 
 def test_rms_norm_eps_is_the_checkpoints(hf):
-    """Where eps matters (tiny embeddings), the logits are transformers' with the checkpoint's
-    rms_norm_eps (1e-5), not with torch's default."""
+    """Where eps matters, the logits are transformers' with the checkpoint's rms_norm_eps."""
     folder, model = hf["llama3_gqa_untied"]
     idx = tokens(16)
     error = lambda **eps: (converted(folder, 16, **eps)(idx)[0] - hf_logits(model, idx)).abs().max()
@@ -147,8 +146,7 @@ def test_rms_norm_eps_is_the_checkpoints(hf):
 
 
 def test_llama3_rope_frequencies_equal_transformers():
-    """Llama 3's RoPE scaling gives transformers' frequencies for Llama 3.1's settings, in all
-    three bands."""
+    """Llama 3's RoPE scaling gives transformers' frequencies, in all three bands."""
     config = LlamaConfig(hidden_size=4096, num_attention_heads=32, rope_theta=500000.0,
                          max_position_embeddings=131072,
                          rope_scaling={**LLAMA3, "original_max_position_embeddings": 8192})
@@ -161,8 +159,7 @@ def test_llama3_rope_frequencies_equal_transformers():
 
 
 def test_bf16_checkpoint_converts_in_bf16_with_transformers_logits(hf):
-    """A bfloat16 checkpoint converts to the file's bfloat16 weights, whose logits are transformers'
-    to bfloat16 precision, and to 1e-4 with both cast to float32."""
+    """A bfloat16 checkpoint converts as the file's bfloat16 weights, with transformers' logits."""
     folder, model = hf["bf16"]
     ckpt = load_checkpoint(f"hf:{folder}")
     gate = model.model.layers[1].mlp.gate_proj.weight
@@ -177,8 +174,7 @@ def test_bf16_checkpoint_converts_in_bf16_with_transformers_logits(hf):
 
 
 def test_a_converted_model_runs_as_its_baselines_and_a_trained_one_does_not(hf):
-    """A converted model runs as its Transformer (transformers' logits at any window) and its SWA
-    baseline (transformers' logits within the window); trained scale-offsets are refused."""
+    """A converted model runs as its Transformer and SWA baselines, a trained one does not."""
     folder, model = hf["llama3_gqa_untied"]
     ckpt, idx = load_checkpoint(f"hf:{folder}"), tokens(24)
     theirs = hf_logits(model, idx)
@@ -196,8 +192,7 @@ def test_a_converted_model_runs_as_its_baselines_and_a_trained_one_does_not(hf):
 
 
 def test_checkpoint_written_before_the_options_loads():
-    """A checkpoint whose model_config predates the conversion options loads as the model it was
-    saved from."""
+    """A checkpoint made before the conversion options loads as the model it was saved from."""
     old = dict(vocab_size=37, n_layer=1, n_head=2, n_embd=16, window=4, attn="orthros",
                scale_offset=True, max_seq_len=64, rope_base=10000.0, dropout=0.0, conv_kernel=0,
                swa_impl="auto")
@@ -222,8 +217,7 @@ def test_tokenizer_encodes_as_transformers(hf):
 
 
 def test_prepared_data_holds_each_document_and_every_id(hf, tmp_path):
-    """Prepared with a tokenizer, each document is [BOS] ids EOS, in uint16 where the ids fit and
-    in uint32 (recorded in meta.json) beyond 65,536, read back whole."""
+    """Prepared data holds each document as [BOS] ids EOS, in uint32 past 65,536 ids."""
     tok = get_tokenizer(f"hf:{hf['tied_mha'][0]}")
     ids = lambda folder, dtype: np.fromfile(folder / "train.bin", dtype=dtype).tolist()
     write_dataset(tmp_path / "small", tok, ["w3 w4", "w5"], ["w6"], source="test")
@@ -286,8 +280,7 @@ REFUSED = {  # each edited copy of a checkpoint, and the words its error names (
 
 @pytest.mark.parametrize("case", REFUSED)
 def test_what_does_not_convert_exactly_is_refused(hf, tmp_path, case):
-    """Each checkpoint Orthros cannot compute exactly, or that lacks a file, is refused in one line
-    naming the field or file."""
+    """What Orthros cannot compute exactly, or a missing file, is refused in one line."""
     from safetensors.torch import load_file, save_file
     name, config, weights, drop, words = REFUSED[case]
     folder = tmp_path / "edited"
@@ -307,8 +300,7 @@ def test_what_does_not_convert_exactly_is_refused(hf, tmp_path, case):
 
 
 def test_window_below_one_is_refused(hf):
-    """A window <= 0 is refused in one line naming the window: at conversion, when the model is
-    built, and by sample.py."""
+    """A window below 1 is refused in one line, by the conversion, the model and sample.py."""
     folder = hf["tied_mha"][0]
     for refuse in (lambda: convert_hf(folder, window=0),
                    lambda: model_from_checkpoint(load_checkpoint(f"hf:{folder}"), window=-3),
@@ -354,9 +346,7 @@ def test_sample_greedy_equals_transformers_generate(hf, capsys, name):
 
 @pytest.mark.parametrize("attn", ["orthros", "transformer"])
 def test_cpt_from_hf_writes_a_checkpoint_that_sample_reads(hf, tmp_path, capsys, attn):
-    """train.py --init_from hf:DIR (Orthros, or the Transformer as Base CPT) on data prepared with
-    its tokenizer writes a checkpoint of the converted model's shape that records its source, and
-    sample.py reads it after DIR is gone."""
+    """CPT from hf:DIR writes the converted model's checkpoint, which sample.py reads."""
     folder = tmp_path / "hf"
     shutil.copytree(hf["llama3_gqa_untied"][0], folder)
     words = np.random.default_rng(0).choice(WORDS[:20], 3000)

@@ -41,9 +41,7 @@ def losses(out_dir):
 
 def test_ddp_then_fsdp_resumed_give_one_process_losses_and_a_checkpoint_sample_reads(tmp_path,
                                                                                     capsys):
-    """Two gloo processes, 2 steps under DDP then resumed to 4 under FSDP with activation
-    checkpointing, give one process's losses on the same global batch, and write full checkpoints
-    (one format for both: FSDP resumes DDP's) that sample.py reads."""
+    """DDP, then FSDP resuming it, give one process's losses and checkpoints sample.py reads."""
     train.main([*COMMON, "--batch_size", "8", "--max_iters", "4", "--out_dir", f"{tmp_path}/one"])
     ddp = torchrun(tmp_path, "--max_iters", "2")
     assert ddp.returncode == 0, ddp.stderr
@@ -76,8 +74,7 @@ def sft(tmp_path_factory):
 
 
 def test_sft_on_two_processes_gives_one_process_losses(tmp_path, sft):
-    """SFT's loss is the mean over the targets of the whole global batch, not a mean of each
-    process's means: two processes with half of batch 8 each give one process's losses."""
+    """SFT's loss is the mean over the global batch's targets: one process's losses."""
     args, one = sft
     ddp = torchrun(tmp_path, *args)
     assert ddp.returncode == 0, ddp.stderr
@@ -85,8 +82,7 @@ def test_sft_on_two_processes_gives_one_process_losses(tmp_path, sft):
 
 
 def test_sft_with_gradient_accumulation_gives_one_big_batch_losses(tmp_path, sft):
-    """Two micro-steps of 4 give the losses of one batch of 8: the loss is normalised by the targets
-    of all the micro-batches, not averaged over their means."""
+    """Two micro-steps of 4 give the losses of one batch of 8, with targets of many lengths."""
     args, one = sft
     train.main([*COMMON, *args, "--batch_size", "4", "--grad_accum", "2", f"--out_dir={tmp_path}"])
     assert losses(tmp_path) == pytest.approx(one, abs=1e-5)
@@ -109,8 +105,7 @@ def started(out_dir, log_interval, *args):
 
 
 def test_a_stop_request_on_one_process_stops_both_at_the_next_read(tmp_path):
-    """A SIGTERM to rank 1 stops both processes at the same step, the next read of the losses
-    (every log_interval steps), where rank 0 saves ckpt_last.pt and names the request."""
+    """A SIGTERM to rank 1 stops both ranks at the next read, where rank 0 saves."""
     proc, rank1 = started(tmp_path, 3)
     os.kill(rank1, signal.SIGTERM)
     try:
@@ -123,8 +118,7 @@ def test_a_stop_request_on_one_process_stops_both_at_the_next_read(tmp_path):
 
 
 def test_one_process_dying_ends_the_whole_run_naming_it(tmp_path):
-    """When one process dies (as under the OOM killer), the run ends at once, not in a hang, and
-    torchrun names the dead process as the root cause."""
+    """When one process dies the run ends at once, and torchrun names it as the root cause."""
     proc, rank1 = started(tmp_path, 1, "--fsdp", "true")
     os.kill(rank1, signal.SIGKILL)
     try:

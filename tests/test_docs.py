@@ -46,8 +46,7 @@ def test_links_lead_somewhere(page):
 
 
 def test_readmes_cpt_command_is_the_recipe_behind_the_results():
-    """The README's continued pre-training of SmolLM2 trains as the run whose numbers the results
-    give (results/smollm2_cpt.json's command): all options alike but paths, evals and logs."""
+    """The README's SmolLM2 CPT command has the options of the run its results report."""
     import train
     command = re.search(r"^python train.py --init_from hf:models/SmolLM2.*\\\n.*$", README, re.M)[0]
     recorded = json.loads((REPO / "results" / "smollm2_cpt.json").read_text())["orthros"]["command"]
@@ -60,8 +59,7 @@ def test_readmes_cpt_command_is_the_recipe_behind_the_results():
 
 
 def test_run_metadata_names_the_commit_and_whether_the_tree_was_clean(tmp_path, monkeypatch):
-    """run_meta records the checked-out commit and whether tracked files had changes, or what
-    ORTHROS_GIT_COMMIT / ORTHROS_GIT_CLEAN say (for a copied tree), and None without git."""
+    """run_meta records the commit and whether tracked files changed (or the environment's)."""
     from perf import bench
     git = lambda *args: subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True,
                                        text=True, check=True).stdout.strip()

@@ -86,8 +86,7 @@ def runs():
 
 @pytest.mark.parametrize("case", CASES)
 def test_fast_decoder_gives_the_naive_tokens_and_logits(runs, case):
-    """Over four segments crossing key blocks and the window, after stale rows, the fast decoder
-    gives the naive greedy tokens and logits (1e-5), compiling nothing after its first step."""
+    """Across blocks, the window and stale rows: the naive tokens and logits, compiled once."""
     compiled = []
     for tokens, logits, fast_logits, per_step in runs[case]:
         assert torch.equal(fast_logits.argmax(-1)[:, :-1], tokens)
@@ -107,8 +106,7 @@ def test_generate_tokens_gives_the_models_greedy_tokens(runs, case):
 
 
 def test_compiled_step_is_one_graph_from_token_to_token():
-    """compile=True traces the whole step once per sampling rule, at warm_up, and gives the naive
-    tokens."""
+    """compile=True traces one graph per sampling rule, at warm_up, and gives the naive tokens."""
     graphs, model = [], make_model("orthros")
     backend = lambda gm, example_inputs: graphs.append(gm) or gm.forward
     fast = FastDecoder(model, BATCH, MAX_LEN, compile={"backend": backend})
@@ -123,8 +121,7 @@ def test_compiled_step_is_one_graph_from_token_to_token():
 
 
 def test_warm_up_leaves_the_decoder_as_it_was(runs):
-    """warm_up() in a generation leaves the token, position, convolution state and random
-    generator as they were, and decoding goes on exactly, in torch.inference_mode (as bench.py)."""
+    """warm_up() changes no state of a generation, in torch.inference_mode as bench.py runs it."""
     fast = runs["decoders"]["orthros+conv"]
     with torch.inference_mode():
         logits, state = fast.model.prefill(prompt(BATCH, 40, 6))
@@ -142,8 +139,7 @@ def test_warm_up_leaves_the_decoder_as_it_was(runs):
 
 
 def test_block_table_lists_exactly_the_blocks_in_the_window():
-    """For every position of 5 blocks, block_table lists, in order, exactly the blocks that hold a
-    key in_window allows, and kv_num_blocks counts them."""
+    """block_table lists, in order, exactly the blocks holding a key in_window allows."""
     keys = torch.arange(5 * BLOCK)
     for window in (None, 1, 8, 128, 200):
         for pos in range(5 * BLOCK):
@@ -190,8 +186,7 @@ def test_bad_input_is_refused_naming_it(case):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
 def test_sampling_draws_anew_each_step_and_repeats_with_the_seed(device):
-    """Over a flat distribution the step draws anew each time (on CUDA inside its graph), and the
-    same seed gives the same tokens, another seed others."""
+    """The step draws anew each time (on CUDA, in its graph), the same for the same seed."""
     model = make_model(**({"n_embd": 64} if device == "cuda" else {})).to(device)  # CUDA: D >= 16
     torch.nn.init.zeros_(model.lm_head.weight)   # every token equally likely
     fast = FastDecoder(model, BATCH, MAX_LEN, compile=device == "cuda")
@@ -240,11 +235,7 @@ def relative_error(a, b):
 @cuda
 @pytest.mark.parametrize("compile", [False, True])
 def test_cuda_graph_decoder_gives_the_naive_greedy_tokens(trained_tiny, compile):
-    """bf16 on the GPU, one CUDA graph (and compiled layers), trained tiny Orthros, batch 4, 200
-    steps (keys 101 ... 300: three blocks): fed the naive decoder's greedy tokens, the same token
-    wherever there is no bf16 near-tie (there either choice is right), logits within 3%,
-    nothing compiled after the first step; decoding on its own, the naive tokens up to the first
-    near-tie."""
+    """On a trained model in bf16 the CUDA graph decoder gives the naive tokens but at near-ties."""
     model, idx = trained_tiny
     fast = FastDecoder(model, batch_size=4, max_len=301, compile=compile)
     tokens, logits, forced, compiled = teacher_forced(model, fast, idx, 200, unique_graphs)
@@ -273,10 +264,7 @@ CUDA_CASES = {**CASES,
 @pytest.mark.parametrize("case", CUDA_CASES)
 @pytest.mark.parametrize("compile", [False, True])
 def test_cuda_graph_decoder_is_as_close_to_float32_as_naive_bf16(case, compile):
-    """Every attention, the convolution and grouped-query attention, random weights, bf16, batch 2,
-    150 steps from a prompt of 120 (keys 121 ... 270: three blocks): fed the same tokens, the fast
-    decoder's logits are as close to the naive decoder's in float32 as the naive decoder's in bf16
-    are (about 1%), and nothing is compiled after the first step."""
+    """In bf16 the CUDA graph decoder is as close to float32 as the naive decoder is."""
     attn, conv_kernel, options = CUDA_CASES[case]
     options = {"n_embd": 64, "n_head": 2, "window": 32, **options}
     model = make_model(attn, conv_kernel, **options).cuda()
@@ -293,9 +281,7 @@ def test_cuda_graph_decoder_is_as_close_to_float32_as_naive_bf16(case, compile):
 @cuda
 @pytest.mark.parametrize("windows", [(128, None), (None,), (128,)])
 def test_cuda_fused_attention_at_128k_keys_in_one_graph(windows):
-    """bf16 at the bench's long context: batch 1, 6 heads of 128, a cache of 131,072 rows; one
-    captured CUDA graph of the compiled FlexAttention call replayed at positions 130,000 and 700
-    (the length in device tensors only): each within 1e-2 of the float64 reference."""
+    """One CUDA graph of the FlexAttention step is exact at any position of 128K keys."""
     torch.manual_seed(0)
     S, L = 131072, len(windows)
     q, k, v = (torch.randn(1, 6, n, 128, device="cuda").bfloat16() for n in (L, S, S))
@@ -329,8 +315,7 @@ def test_cuda_fused_attention_at_128k_keys_in_one_graph(windows):
 # perf/: the FLOP count, and the bench's CPU smoke run
 
 def test_forward_flops_counts_every_matmul_with_any_head_width():
-    """perf/flops.py's count of one token's forward is torch's FlopCounterMode's, with heads of
-    width 8 where n_embd / n_head is 12, grouped-query attention, SwiGLU and an untied head."""
+    """perf/flops.py counts a forward's FLOPs as FlopCounterMode does, with every option."""
     from torch.utils.flop_counter import FlopCounterMode
     from perf.flops import forward_flops
     for attn in ATTN_TYPES:
@@ -342,8 +327,7 @@ def test_forward_flops_counts_every_matmul_with_any_head_width():
 
 
 def test_bench_tiny_cpu_smoke_runs_every_section(tmp_path):
-    """python perf/bench.py --tiny --device cpu records every section's figures without an
-    error, the decode its tokens/s, HBM fraction, no compiling when timed and the run's metadata."""
+    """perf/bench.py --tiny on the CPU records every section, with its metadata."""
     import json
     from perf import bench
     out = tmp_path / "bench.json"
