@@ -449,6 +449,7 @@ BAD = {  # each call on a model of max_seq_len 16, and the word its error names
         make_model("transformer", n_embd=32).state_dict()), "another size"),
     "attn": (lambda m: OrthrosConfig(attn="linear"), "attn"),
     "n_head": (lambda m: OrthrosConfig(n_embd=10, n_head=3), "n_head"),
+    "window 0": (lambda m: OrthrosConfig(window=0), "window"),
     "n_kv_head": (lambda m: OrthrosConfig(n_head=6, n_kv_head=4), "n_kv_head"),
     "mlp": (lambda m: OrthrosConfig(mlp="relu"), "mlp"),
     "rope_scaling": (lambda m: OrthrosConfig(rope_scaling={"rope_type": "yarn"}), "rope_scaling"),

@@ -68,8 +68,9 @@ def teacher_forced(model, fast, idx, steps, graphs):
 def runs():
     """Every case of CASES decoded over SEGMENTS by the naive and the fast decoder, batch 2:
     {case: [(tokens, naive logits, fast logits, graphs compiled per step) per segment]}, and
-    "decoders": {case: its FastDecoder}."""
-    counted, out, gen = [], {"decoders": {}}, torch.Generator().manual_seed(1)
+    "decoders": {case: its FastDecoder}, "generated": {case: (its tokens, the model's)} of
+    generate_tokens, where the step picks each token itself, across the window and a block."""
+    counted, out, gen = [], {"decoders": {}, "generated": {}}, torch.Generator().manual_seed(1)
     backend = lambda gm, example_inputs: counted.append(gm) or gm.forward
     for case, (attn, conv_kernel, options) in CASES.items():
         model = make_model(attn, conv_kernel, **options)
@@ -81,6 +82,9 @@ def runs():
         out["decoders"][case] = fast
         out[case] = [teacher_forced(model, fast, torch.randint(0, VOCAB, (BATCH, T), generator=gen),
                                     steps, graphs) for T, steps in SEGMENTS]
+        idx = prompt(BATCH, 124, 4)
+        out["generated"][case] = [tokens_of(decoder.generate_tokens(idx, 8, temperature=0))
+                                  for decoder in (fast, model)]
     return out
 
 
@@ -93,16 +97,7 @@ def test_fast_decoder_gives_the_naive_tokens_and_logits(runs, case):
         torch.testing.assert_close(fast_logits, logits, rtol=1e-5, atol=1e-5)
         compiled += per_step
     assert sum(compiled[1:]) == 0 and (compiled[0] > 0) == (not case.startswith("orthros"))
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_generate_tokens_gives_the_models_greedy_tokens(runs, case):
-    """FastDecoder.generate_tokens, whose step picks the next token, gives the model's tokens."""
-    fast = runs["decoders"][case]
-    for T, steps in ((5, 6), (124, 8)):   # inside the window, then across it and a block
-        idx = prompt(BATCH, T, 4)
-        assert torch.equal(tokens_of(fast.generate_tokens(idx, steps, temperature=0)),
-                           tokens_of(fast.model.generate_tokens(idx, steps, temperature=0)))
+    assert torch.equal(*runs["generated"][case])
 
 
 def test_compiled_step_is_one_graph_from_token_to_token():
