@@ -29,7 +29,9 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 import sample
 from checkpoint import load_checkpoint, model_from_checkpoint
 from convert.from_gguf import smollm2
+from data.prepare_utils import write_dataset
 from data.tokenizer import get_tokenizer
+from repro.smollm2 import val_documents
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +111,14 @@ def test_sample_builds_the_swa_baseline_of_a_converted_model(smol, capsys):
         assert f"({'step 0'}, {attn}, window 128," in out
         records.append(json.loads(out.strip().splitlines()[-1])["samples"])
     assert records[0] == records[1] and records[0][0].startswith("The capital of France is Paris")
+
+
+def test_the_curves_held_out_documents_are_whole_documents_of_at_least_t_tokens(tmp_path):
+    """repro/smollm2.py cpt measures the loss on the first T tokens of val.bin's documents of >= T
+    tokens, in their order there; none runs across an end token into the next document."""
+    val_docs = ["a" * 10, "b" * 40, "c" * 39, "d" * 100]
+    write_dataset(tmp_path, get_tokenizer("byte"), ["t" * 50], val_docs, source="test")
+    rows = val_documents(tmp_path, 2, 40).tolist()
+    assert [bytes(row).decode() for row in rows] == ["b" * 40, "d" * 40]
+    with pytest.raises(ValueError, match="has 2 documents of >= 40 tokens; lower --docs"):
+        val_documents(tmp_path, 3, 40)
