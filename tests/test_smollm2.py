@@ -165,20 +165,6 @@ def test_eval_rerun_writes_out_not_the_committed_results(tmp_path, monkeypatch):
     assert written["models"] == ["original", "orthros", "swa"]
     repro_smollm2.main(["eval", "--device", "cpu", "--out", str(tmp_path / "mine.json")])
     assert (tmp_path / "mine.json").is_file()
-def test_sample_builds_the_swa_baseline_of_a_converted_model(smol, capsys):
-    """sample.py --attn swa runs the converted weights as sliding-window attention: within the window, the same text."""
-    folder = smol[0]
-    records = []
-    for attn in ("orthros", "swa"):
-        capsys.readouterr()
-        sample.main(["--ckpt", f"hf:{folder}", "--attn", attn, "--prompt", "The capital of France is", "--temperature", "0",
-                     "--max_new_tokens", "8", "--no_stop", "--device", "cpu", "--json"])
-        out = capsys.readouterr().out
-        assert f"({'step 0'}, {attn}, window 128," in out
-        records.append(json.loads(out.strip().splitlines()[-1])["samples"])
-    assert records[0] == records[1] and records[0][0].startswith("The capital of France is Paris")
-
-
 def test_the_curves_held_out_documents_are_whole_documents_of_at_least_t_tokens(tmp_path):
     """repro/smollm2.py cpt measures the loss on the first T tokens of val.bin's documents of >= T
     tokens, in their order there; none runs across an end token into the next document."""
