@@ -201,8 +201,8 @@ def open_log(out_dir, resume, overwrite, start_step):
                 if line.strip() and json.loads(line).get("step", 0) <= start_step]
         atomic_write(path, lambda f: f.write("".join(kept)), mode="w")
     elif overwrite:
-        for name in RUN_FILES:
-            (out_dir / name).unlink(missing_ok=True)
+        for old in [*(out_dir / name for name in RUN_FILES), *out_dir.glob("ckpt_[0-9]*.pt")]:
+            old.unlink(missing_ok=True)  # ckpt_<step>.pt: --keep_steps'
     return open(path, "a")
 
 

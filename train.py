@@ -60,6 +60,8 @@ class TrainConfig:
     task: str = option("pretrain", "pretrain (every position predicts) | sft (prompt/response JSONL)", one_of("pretrain", "sft"))
     dataset: str = option("stdlib", "a name in data/ (prepared on first use), or a folder path (SFT JSONL)")
     sft_overlong: str = option("drop", "SFT examples longer than seq_len: drop | truncate (the oldest tokens)", one_of("drop", "truncate"))
+    data_order: str = option("random", "pretrain: random windows (nanoGPT's) | epoch (disjoint "
+                             "windows, each once per epoch)", one_of("random", "epoch"))
     curriculum: str = option("", "SFT: a split (e.g. train_short) used for the first curriculum_frac of steps")
     curriculum_frac: float = option(0.5, "SFT: share of the steps that use the curriculum split", FRACTION)
     eval_exact_match: int = option(-1, "SFT: test examples to generate at the end (-1 = all, 0 = none)", at_least(-1))
@@ -92,6 +94,8 @@ class TrainConfig:
     out_dir: str = option("", "where logs and checkpoints go; '' = out/<config>-<attn>[-sft-<dataset>]")
     init_from: str = option("scratch", "scratch | resume (out_dir/ckpt_last.pt) | path/to/ckpt.pt (e.g. a transformer to convert)")
     overwrite: bool = option(False, "true = replace the run already in out_dir (its log and checkpoints are deleted)")
+    keep_steps: str = option("", "steps (e.g. 100,250) whose weights are kept: ckpt_<step>.pt", (
+        lambda v: not v or all(s.isdigit() for s in v.split(",")), "must be steps: 100,250"))
     seed: int = option(1337, "seeds the weights, the batches and the dropout")
     device: str = option("auto", "auto (cuda, else mps, else cpu) | cpu | cuda | cuda:N | mps")
     dtype: str = option("auto", "auto (bf16 where supported, else fp32) | float32 | bfloat16", one_of("auto", "float32", "bfloat16"))
@@ -308,7 +312,11 @@ class Run:
                      "a model only understands the tokenizer it was trained with")
             files = (ckpt or {}).get("tokenizer_files")  # an hf: checkpoint's own copy
             self.tokenizer = tokenizer = get_tokenizer(self.tokenizer_name, files)
-            self.batches = (PretrainBatches(self.data_dir, cfg.seq_len, self.device) if cfg.task == "pretrain" else
+            if cfg.data_order == "epoch" and cfg.task != "pretrain":
+                fail("--data_order epoch is for pre-training; SFT draws its examples at random")
+            pretrain = lambda: PretrainBatches(self.data_dir, cfg.seq_len, self.device,
+                                               cfg.data_order, cfg.seed)
+            self.batches = (pretrain() if cfg.task == "pretrain" else
                             SFTBatches(self.data_dir, tokenizer, cfg.seq_len, cfg.sft_overlong, cfg.curriculum,
                                        self.device, log=self.print))
             claim_out_dir(cfg.out_dir, cfg.init_from, cfg.overwrite)
@@ -355,6 +363,18 @@ class Run:
         if best:
             link_best(self.out_dir)
 
+    def keep_weights(self):
+        """--keep_steps: this step's weights alone (no optimizer state), in ckpt_<step>.pt. Every
+        rank calls it: under FSDP the full weights are gathered to rank 0, which writes them."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = get_model_state_dict(self.raw_model, options=full)
+        if self.master:
+            save_checkpoint(self.out_dir / f"ckpt_{self.step}.pt", model=weights, step=self.step,
+                            model_config=dataclasses.asdict(self.raw_model.config),
+                            train_config=dataclasses.asdict(self.cfg),
+                            tokenizer=self.tokenizer_name)
+
     @torch.no_grad()
     def evaluate(self):
         """The mean loss over eval_iters batches per split, the same batches every time (a fixed seed); once training has
@@ -387,7 +407,10 @@ class Run:
         # Every rank draws the same global batches and keeps its slice of each. The loss is the mean over all their targets,
         # a count every rank knows: each slice adds its loss sum over it, times world against DDP's (FSDP's) gradient average.
         # So SFT responses of any lengths give the same step on any number of processes and micro-steps.
-        batches = [self.batches.get(split, cfg.batch_size * self.world, self.train_gen) for _ in range(cfg.grad_accum)]
+        size, epoch = cfg.batch_size * self.world, cfg.data_order == "epoch"
+        first = lambda m: {"first": (self.step * cfg.grad_accum + m) * size} if epoch else {}
+        batches = [self.batches.get(split, size, self.train_gen, **first(m))
+                   for m in range(cfg.grad_accum)]
         n_targets = sum((y != IGNORE).sum() for _, y, _ in batches).clamp(min=1)  # on the device: nothing waits
         mine = slice(self.rank * cfg.batch_size, (self.rank + 1) * cfg.batch_size)
         loss_sum, n_tokens, flops, out_share = torch.zeros((), device=self.device), 0, 0, 0.0
@@ -458,6 +481,8 @@ def train(run, argv):
         while run.step < cfg.max_iters:
             unread.append(run.train_step(model))
             bar.update(1)
+            if str(run.step) in cfg.keep_steps.split(","):
+                run.keep_weights()
             evaluating = run.step % cfg.eval_interval == 0 or run.step == cfg.max_iters
             # The CPU waits for the device only every log_interval steps, before an evaluation (a non-finite loss must
             # stop the run before it saves) and on a stop request; in between it queues the next steps while the GPU runs.

@@ -116,12 +116,15 @@ def find_dataset(name_or_path, prepare=True):
 
 
 class PretrainBatches:
-    """Random windows of a folder's train.bin / val.bin: x, y (B, T) with y = x shifted by one.
-    The ids are of meta.json's dtype (uint16 where it has none)."""
+    """Windows of a folder's train.bin / val.bin: x, y (B, T) with y = x shifted by one. The ids
+    are of meta.json's dtype (uint16 where it has none). Random windows (nanoGPT's), or with
+    order="epoch" the split cut into disjoint windows, each drawn once per epoch, in an order
+    seeded by seed and the epoch."""
 
-    def __init__(self, data_dir, seq_len, device="cpu"):
+    def __init__(self, data_dir, seq_len, device="cpu", order="random", seed=0):
         self.paths = {split: Path(data_dir) / f"{split}.bin" for split in ("train", "val")}
-        self.seq_len, self.device = seq_len, device
+        self.seq_len, self.device, self.order, self.seed = seq_len, device, order, seed
+        self.perm = (None, None)  # (epoch, its order of the windows)
         has_meta = (Path(data_dir) / "meta.json").is_file()
         self.dtype = np.dtype(load_meta(data_dir).get("dtype", "uint16") if has_meta else "uint16")
         for split, path in self.paths.items():
@@ -133,14 +136,29 @@ class PretrainBatches:
                 raise ValueError(f"{path} has fewer than seq_len + 2 = {seq_len + 2} tokens; "
                                  "lower --seq_len or prepare more data")
 
-    def get(self, split, batch_size, generator):
-        """(x, y, t_out): x, y (batch_size, T); every position is an output position, t_out = T."""
+    def get(self, split, batch_size, generator, first=None):
+        """(x, y, t_out): x, y (batch_size, T); every position is an output position, t_out = T.
+        first (order "epoch"): the batch is windows first, first + 1, ... of the run's order, which
+        depends on nothing else: a resumed run, another split into micro-steps or another model
+        gets the same windows."""
         data = np.memmap(self.paths[split], dtype=self.dtype, mode="r")  # a fresh memmap per batch, as nanoGPT
         T = self.seq_len
-        ix = torch.randint(len(data) - T - 1, (batch_size,), generator=generator).tolist()
+        if self.order == "epoch" and first is not None:
+            n = (len(data) - 1) // T  # window i: data[i T : (i + 1) T + 1]
+            ix = [T * self.window(k, n) for k in range(first, first + batch_size)]
+        else:
+            ix = torch.randint(len(data) - T - 1, (batch_size,), generator=generator).tolist()
         x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in ix])
         y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in ix])
         return to_device(x, self.device), to_device(y, self.device), T
+
+    def window(self, k, n):
+        """The k-th window drawn of n: epoch k // n draws all n, in its own shuffled order."""
+        epoch = k // n
+        if self.perm[0] != epoch:
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + epoch))
+            self.perm = (epoch, order.tolist())
+        return self.perm[1][k % n]
 
 
 def to_device(batch, device):

@@ -2,9 +2,9 @@
 A real pretrained model converted into Orthros: SmolLM2-135M-Instruct (convert/from_gguf.py), before and
 after continued pre-training (CPT), as in the paper's section 4.3 and Table 2, at small scale.
 
-    python repro/smollm2.py eval                  # before any training, CPU: the original, Orthros and SWA
-    python repro/smollm2.py cpt --steps 300       # one GPU: CPT of Orthros, the Transformer and SWA, then both evals
-    python repro/smollm2.py prefill               # one GPU: the converted model's prefill against the Transformer's
+    python repro/smollm2.py eval      # before any training, CPU: the original, Orthros and SWA
+    python repro/smollm2.py cpt       # one GPU: CPT curves of Orthros, Base CPT and SWA, then at 8K
+    python repro/smollm2.py prefill   # one GPU: the converted model's prefill and the original's
 
 eval measures, for each model, on the same held-out text:
   - loss: the mean next-token loss on the first T = 2048 tokens of long held-out files of the Python standard
@@ -14,22 +14,33 @@ eval measures, for each model, on the same held-out text:
     pass key? The pass key is"; the greedy answer's first five digits must be the key (exact match). Each
     trial records how far the key lies from the question, so retrieval inside and beyond the window show apart.
 The models: "original" is transformers' own LlamaForCausalLM; "orthros" and "swa" are built from the same
-weights at window w (identity scale-offsets; SWA drops the output stream). cpt trains each with train.py on the
-standard library's train split (--attn orthros | transformer | swa, the same steps and data) and evaluates them.
-Each step writes results/smollm2_<step>[_<device>].json with its commands, device, date and commit;
-eval writes out/smollm2_eval_<device>.json (or --out FILE): a re-run keeps the committed one.
+weights at window w (identity scale-offsets; SWA drops the output stream). eval and prefill write
+results/smollm2_<step>[_<device>].json with their commands, device, date and commit; eval writes
+out/smollm2_eval_<device>.json instead (or --out FILE): a re-run keeps the committed one.
+
+cpt trains each of --attns with train.py (orthros | transformer, i.e. Base CPT | swa) on --data
+(data/docs/prepare.py's general text) in the same order (--data_order epoch: the same windows at
+each step, none twice), keeps the weights at --curve's fractions of --steps and measures them as
+eval does, on --data's held-out documents; then --long_steps at T = --long_seq_len (8,192: SmolLM2's
+position limit), with the passkey at T/2 and T tokens and the loss at T before and after them. The
+record (cpt.json: also each segment's training tokens/s) and plot (cpt.png) go to --out_dir with
+the runs; run again, it skips what is done and resumes a stopped run: the work can span calls of a
+time-limited machine.
 """
 
 import argparse
 import json
 import random
 import re
+import signal
+import statistics
 import subprocess
 import sys
 import sysconfig
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -37,7 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script: import from the repository root
 from checkpoint import load_checkpoint, model_from_checkpoint, pick_device
 from convert.from_gguf import SMOLLM2_DIR
-from data.prepare_utils import atomic_write
+from data.prepare_utils import atomic_write, load_meta, write_json_atomic
 from data.stdlib.prepare import find_files, is_val
 from data.tokenizer import get_tokenizer
 from perf.bench import run_meta
@@ -46,6 +57,8 @@ FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. Th
 INTRO = "There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it.\n"
 QUESTION = "\nWhat is the pass key? The pass key is"
 LENGTHS, DEPTHS, KEYS_PER_CELL = (300, 600, 1200, 2000), (0.1, 0.3, 0.5, 0.7, 0.9), 2
+LONG = 8192  # SmolLM2's positions: what the models accept (RoPE is computed on the fly)
+ATTNS = ("orthros", "transformer", "swa")
 
 
 def held_out_documents(tokenizer, n_docs, seq_len):
@@ -61,12 +74,26 @@ def held_out_documents(tokenizer, n_docs, seq_len):
     return docs
 
 
-def passkey_prompts(tokenizer, keys_per_cell=KEYS_PER_CELL, seed=0):
+def val_documents(data_dir, n_docs, seq_len):
+    """(n_docs, seq_len): the first seq_len tokens of the first n_docs documents of val.bin that
+    hold as many (data/docs/prepare.py writes them in the order of a hash: a mix of sources)."""
+    meta = load_meta(data_dir)
+    ids = np.fromfile(Path(data_dir) / "val.bin", dtype=meta["dtype"])
+    ends = np.flatnonzero(ids == meta["eot"])  # each document ends with the end token
+    starts = np.r_[0, ends[:-1] + 1]
+    docs = [ids[a:a + seq_len] for a, b in zip(starts, ends) if b - a >= seq_len]
+    if len(docs) < n_docs:
+        raise ValueError(f"{data_dir}/val.bin has {len(docs)} documents of >= {seq_len} tokens; "
+                         "lower --docs or raise its val_fraction")
+    return torch.from_numpy(np.stack(docs[:n_docs]).astype(np.int64))
+
+
+def passkey_prompts(tokenizer, keys_per_cell=KEYS_PER_CELL, seed=0, lengths=LENGTHS):
     """(length, depth, key, distance, token ids): the key after depth of the filler, length tokens in all;
     distance = tokens from the key's first digit to the end of the prompt."""
     rng, filler = random.Random(seed), tokenizer.encode(FILLER)
     prompts = []
-    for length in LENGTHS:
+    for length in lengths:
         for depth in DEPTHS:
             for _ in range(keys_per_cell):
                 key = str(rng.randint(10000, 99999))
@@ -93,7 +120,8 @@ class Model:
             overrides = {"attn": attn} if attn else {}
             if (attn or ckpt["model_config"]["attn"]) != "transformer":
                 overrides["window"] = window
-            self.hf, self.model = None, model_from_checkpoint(ckpt, max_seq_len=4096, **overrides).float().to(device).eval()
+            model = model_from_checkpoint(ckpt, max_seq_len=LONG, **overrides)
+            self.hf, self.model = None, model.float().to(device).eval()
 
     @torch.no_grad()
     def logits(self, idx):
@@ -101,35 +129,52 @@ class Model:
 
     @torch.no_grad()
     def greedy(self, idx, n):
+        """(B, L) prompts of one length -> their n greedy tokens each, (B, n) as lists."""
         if self.hf is not None:
-            return self.hf.generate(idx, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)[0, idx.size(1):].tolist()
-        return self.model.generate(idx, n, temperature=0)[0, idx.size(1):].tolist()
+            out = self.hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=n,
+                                   do_sample=False, eos_token_id=None, pad_token_id=0)
+        else:
+            out = self.model.generate(idx, n, temperature=0)
+        return out[:, idx.size(1):].tolist()
+
+
+def measure(model, docs, prompts, tokenizer, window, device):
+    """One Model's {"loss", "loss_below_w", "loss_from_w", "passkey": [per trial]}: the documents
+    (n, T) in batches of 8,192 tokens, the prompts greedily, a batch per length."""
+    t0, losses = time.time(), []
+    for idx in docs.to(device).split(max(1, LONG // docs.size(1))):
+        logits = model.logits(idx)[:, :-1].float().transpose(1, 2)  # (B, vocab, T - 1)
+        losses.append(F.cross_entropy(logits, idx[:, 1:], reduction="none").cpu())  # t: t + 1
+    loss, trials = torch.cat(losses), []  # loss: (docs, T - 1)
+    lengths = sorted({p[0] for p in prompts})
+    for n in lengths:
+        group = [p for p in prompts if p[0] == n]  # of n tokens each: one batch
+        answers = model.greedy(torch.tensor([p[4] for p in group], device=device), 8)
+        for (length, depth, key, distance, _), ids in zip(group, answers):
+            answer = tokenizer.decode(ids)
+            found = re.search(r"\d{5}", answer.replace(" ", ""))
+            trials.append({"length": length, "depth": depth, "distance": distance, "key": key,
+                           "answer": answer, "correct": bool(found and found[0] == key)})
+    result = {"loss": loss.mean().item(), "loss_below_w": loss[:, :window].mean().item(),
+              "loss_from_w": loss[:, window:].mean().item(), "passkey": trials}
+    per_length = ", ".join(f"{n}: {sum(t['correct'] for t in trials if t['length'] == n)}/"
+                           f"{sum(t['length'] == n for t in trials)}" for n in lengths)
+    print(f"{model.label}: loss {result['loss']:.4f} (positions < {window}: "
+          f"{result['loss_below_w']:.4f}, >= {window}: {result['loss_from_w']:.4f}, "
+          f"T = {docs.size(1)}); passkey {per_length} "
+          f"({time.time() - t0:.0f} s)", flush=True)
+    return result
 
 
 def evaluate(models, tokenizer, args, device):
-    """{label: {"loss_below_w", "loss_from_w", "loss", "passkey": [per trial]}} for each Model."""
-    docs, prompts, window = held_out_documents(tokenizer, args.docs, args.seq_len), passkey_prompts(tokenizer, args.keys), args.window
-    results = {"documents": [name for name, _ in docs], "window": window, "seq_len": args.seq_len}
+    """{label: measure(...)} for each Model, on the standard library's held-out files."""
+    named = held_out_documents(tokenizer, args.docs, args.seq_len)
+    docs, prompts = torch.tensor([ids for _, ids in named]), passkey_prompts(tokenizer, args.keys)
+    results = {"documents": [name for name, _ in named], "window": args.window,
+               "seq_len": args.seq_len}
     for model in models:
-        t0, losses = time.time(), []
-        for _, ids in docs:
-            idx = torch.tensor([ids], device=device)
-            logits = model.logits(idx)[0, :-1].float()
-            losses.append(F.cross_entropy(logits, idx[0, 1:], reduction="none").cpu())  # position t predicts token t+1
-        loss = torch.stack(losses)  # (docs, T - 1)
-        trials = []
-        for length, depth, key, distance, ids in prompts:
-            answer = tokenizer.decode(model.greedy(torch.tensor([ids], device=device), 8))
-            found = re.search(r"\d{5}", answer.replace(" ", ""))
-            trials.append({"length": length, "depth": depth, "distance": distance, "key": key, "answer": answer,
-                           "correct": bool(found and found[0] == key)})
-        results[model.label] = {"loss": loss.mean().item(), "loss_below_w": loss[:, :window].mean().item(),
-                                "loss_from_w": loss[:, window:].mean().item(), "passkey": trials}
-        print(f"{model.label}: loss {loss.mean():.4f} (positions < {window}: {loss[:, :window].mean():.4f}, >= {window}: "
-              f"{loss[:, window:].mean():.4f}); passkey " + ", ".join(
-                  f"{n}: {sum(t['correct'] for t in trials if t['length'] == n)}/{sum(t['length'] == n for t in trials)}"
-                  for n in LENGTHS) + f" ({time.time() - t0:.0f} s)", flush=True)
-        del model
+        results[model.label] = measure(model, docs, prompts, tokenizer, args.window, device)
+        del model  # before the generator builds the next
     return results
 
 
@@ -140,28 +185,49 @@ def save(step, record, device, path=None):
     print(f"wrote {path}")
 
 
-def run(cmd, **kw):
+def run(cmd):
+    """Run cmd (train.py) from the repository root. A time limit's SIGTERM (timeout signals the
+    whole process group) lets train.py finish its step and save, then ends this script too."""
     print("$ " + " ".join(cmd), flush=True)
-    return subprocess.run(cmd, cwd=REPO, check=True, **kw)
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # wait (exec resets it for the child)
+    try:
+        done = subprocess.run(cmd, cwd=REPO)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if done.returncode:
+        raise SystemExit(f"{cmd[1]} stopped (exit code {done.returncode}); run again to resume")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python repro/smollm2.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=["eval", "cpt", "prefill"])
+    parser.add_argument("step", choices=["eval", "cpt", "plot", "prefill"],
+                        help="plot: cpt's plot again, from --out_dir's cpt.json alone")
     parser.add_argument("--hf", default=str(SMOLLM2_DIR), help="the Hugging Face folder (python convert/from_gguf.py writes it)")
     parser.add_argument("--window", type=int, default=128)
     parser.add_argument("--docs", type=int, default=16, help="held-out documents for the loss")
     parser.add_argument("--seq_len", type=int, default=2048)
     parser.add_argument("--keys", type=int, default=KEYS_PER_CELL, help="passkey: keys per (length, depth)")
-    parser.add_argument("--steps", type=int, default=300, help="cpt: optimizer steps of each run")
-    parser.add_argument("--compile", default="true", help="cpt: train.py's --compile")
-    parser.add_argument("--batch_size", type=int, default=8, help="cpt: sequences of seq_len tokens per step")
-    parser.add_argument("--lr", type=float, default=1e-4, help="cpt: peak learning rate")
+    group = parser.add_argument_group("cpt")
+    group.add_argument("--data", default=str(REPO / "data" / "docs"), help="a prepared dataset")
+    group.add_argument("--attns", default=",".join(ATTNS), help="the models to train")
+    group.add_argument("--steps", type=int, default=1040, help="optimizer steps of each run")
+    group.add_argument("--curve", default="0.1,0.25,0.5", help="measure here too: shares of steps")
+    group.add_argument("--compile", default="true", help="train.py's --compile")
+    group.add_argument("--batch_size", type=int, default=8, help="sequences per micro-step")
+    group.add_argument("--grad_accum", type=int, default=2, help="micro-steps per step")
+    group.add_argument("--lr", type=float, default=1e-4, help="peak: 10%% warm-up, cosine to 10%%")
+    group.add_argument("--long_steps", type=int, default=30, help="steps at --long_seq_len, or 0")
+    group.add_argument("--long_seq_len", type=int, default=LONG, help="T of the long stage")
+    group.add_argument("--long_lr", type=float, default=3e-5, help="its peak learning rate")
+    group.add_argument("--out_dir", default=str(REPO / "out" / "smollm2-cpt"), help="runs, record")
     parser.add_argument("--lengths", default="32768,131072", help="prefill: prompt lengths")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", help="eval: the file to write (default: out/smollm2_eval_*.json)")
     args = parser.parse_args(argv)
     device, hf = pick_device(args.device), f"hf:{Path(args.hf).resolve()}"
+    if args.step == "plot":  # from the record alone: no model, no data
+        out = Path(args.out_dir)
+        return plot(json.loads((out / "cpt.json").read_text()), out / "cpt.png")
     tokenizer = get_tokenizer(hf)
     if args.step == "eval":
         models = [("original", hf, "hf"), ("orthros", hf, "orthros"), ("swa", hf, "swa")]
@@ -169,33 +235,111 @@ def main(argv=None):
         record = evaluate((Model(*m, args.window, device) for m in models), tokenizer, args, device)
         save("eval", record, device, out)
     elif args.step == "cpt":
-        data = REPO / "data" / "smollm2_stdlib"
-        if not (data / "val.bin").exists():
-            run([sys.executable, "data/stdlib/prepare.py", "--tokenizer", hf, "--out_dir", str(data)])
-        record = {"steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr}
-        before = [("original", hf, "hf"), ("orthros", hf, "orthros"), ("transformer", hf, "transformer"), ("swa", hf, "swa")]
-        record["before"] = evaluate((Model(*m, args.window, device) for m in before), tokenizer, args, device)
-        save("cpt", record, device)  # after each phase: a run stopped by a time limit keeps what it measured
-        runs = {}
-        for attn in ("orthros", "transformer", "swa"):
-            out = REPO / "out" / f"smollm2-cpt-{attn}"
-            cmd = [sys.executable, "train.py", "--init_from", hf, "--dataset", str(data), "--attn", attn, "--window",
-                   str(args.window), "--seq_len", str(args.seq_len), "--batch_size", str(args.batch_size), "--max_iters",
-                   str(args.steps), "--lr", str(args.lr), "--warmup_iters", str(args.steps // 10), "--eval_interval",
-                   str(args.steps), "--eval_iters", "10", "--log_interval", "10", "--compile", args.compile, "--out_dir", str(out),
-                   "--overwrite", "true"]
-            run(cmd)
-            logs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-            speeds = sorted(r["tok_per_s"] for r in logs if "tok_per_s" in r and r["step"] > 20)  # past the compiling steps
-            runs[attn] = out / "ckpt_last.pt"
-            record[attn] = {"command": " ".join(cmd[1:]), "val_loss": [(r["step"], r["val_loss"]) for r in logs if "val_loss" in r],
-                            "train_tok_per_s_median": speeds[len(speeds) // 2] if speeds else None}
-            save("cpt", record, device)
-        record["after"] = evaluate((Model(attn, str(path), None, args.window, device) for attn, path in runs.items()),
-                                   tokenizer, args, device)
-        save("cpt", record, device)
+        cpt(args, hf, tokenizer, device)
     else:
         save("prefill", prefill_times(hf, [int(n) for n in args.lengths.split(",")], args.window, device), device)
+
+
+def cpt(args, hf, tokenizer, device):
+    """The curves, then the long stage (see the top of this file). Each result enters
+    out_dir/cpt.json as it is measured; one already there is not measured again."""
+    out, attns, long = Path(args.out_dir), args.attns.split(","), args.long_seq_len
+    if set(attns) - set(ATTNS) or not (Path(args.data) / "val.bin").is_file():
+        raise SystemExit(f"error: --attns takes {', '.join(ATTNS)}; --data a prepared dataset "
+                         f"(python data/docs/prepare.py --tokenizer {hf})")
+    path, tokens = out / "cpt.json", args.batch_size * args.grad_accum * args.seq_len  # per step
+    record = json.loads(path.read_text()) if path.exists() else {}
+    record.setdefault("calls", []).append({"command": " ".join(sys.argv), **run_meta(device)})
+    meta = {k: v for k, v in load_meta(args.data).items() if k not in ("val_files", "tokenizer")}
+    record.update(window=args.window, tokens_per_step=tokens, data=str(args.data), data_meta=meta)
+    sets = {T: (val_documents(args.data, args.docs, T), passkey_prompts(tokenizer, args.keys, 0, n))
+            for T, n in ((args.seq_len, LENGTHS), (long, (long // 2, long - 8)))}  # + 8 new tokens
+
+    def measured(keys, label, source, attn=None, T=args.seq_len):  # at record[keys[0]][keys[1]]...
+        *parents, last = keys
+        node = record
+        for key in parents:
+            node = node.setdefault(key, {})
+        if last not in node:
+            model = Model(label, source, attn, args.window, device)
+            node[last] = measure(model, *sets[T], tokenizer, args.window, device)
+            write_json_atomic(path, record)  # now: a call stopped by its time limit keeps it
+
+    measured(["original", str(args.seq_len)], "original", hf, "hf")
+    measured(["original", str(long)], "original", hf, "hf", long)
+    curve = sorted({0, args.steps, *(round(float(f) * args.steps) for f in args.curve.split(","))})
+    for attn in attns:  # all curves before any long stage: if time runs out, the curves are done
+        measured([attn, "curve", "0"], attn, hf, attn)
+        record[attn]["train"] = train_run(args, attn, hf, out / attn, args.seq_len, args.batch_size,
+                                          args.steps, args.lr, curve, args.compile)
+        for step in curve[1:]:
+            kept = str(out / attn / f"ckpt_{step}.pt")
+            measured([attn, "curve", str(step)], f"{attn} at step {step}", kept)
+        write_json_atomic(path, record)
+    plot(record, out / "cpt.png")
+    for attn in attns if args.long_steps else ():
+        last, long_dir = out / attn / f"ckpt_{args.steps}.pt", out / f"{attn}-{long}"
+        measured([attn, str(long), "before"], f"{attn} before T = {long}", str(last), T=long)
+        record[attn][f"train_{long}"] = train_run(  # too short to earn a compilation back
+            args, attn, last, long_dir, long, max(1, tokens // args.grad_accum // long),
+            args.long_steps, args.long_lr, [0, args.long_steps], "false")
+        measured([attn, str(long), "after"], f"{attn} after T = {long}",
+                 str(long_dir / f"ckpt_{args.long_steps}.pt"), T=long)
+        write_json_atomic(path, record)
+
+
+def train_run(args, attn, init, out, seq_len, batch_size, steps, lr, curve, compiled):
+    """train.py from init into out (resumed if stopped, skipped if done), keeping the weights at the
+    curve's steps; its settings, val losses and median training tokens/s in each segment."""
+    if not (out / f"ckpt_{steps}.pt").exists():
+        start = (["--init_from", "resume"] if (out / "ckpt_last.pt").exists()
+                 else ["--init_from", str(init), "--overwrite", "true"])
+        options = dict(dataset=args.data, data_order="epoch", attn=attn, window=args.window,
+                       seq_len=seq_len, batch_size=batch_size, grad_accum=args.grad_accum,
+                       max_iters=steps, lr=lr, warmup_iters=max(1, steps // 10),
+                       eval_interval=steps, eval_iters=5, log_interval=10, compile=compiled,
+                       keep_steps=",".join(map(str, curve[1:])), out_dir=out)
+        run([sys.executable, "train.py", *start, *(f"--{k}={v}" for k, v in options.items())])
+    logs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    speeds = lambda a, b: [r["tok_per_s"] for r in logs  # past step 10: compiling
+                           if max(a, 10) < r["step"] <= b and "tok_per_s" in r] or [None]
+    evals = [(r["step"], r["val_loss"]) for r in logs if "val_loss" in r]
+    speed = {str(b): statistics.median(speeds(a, b)) for a, b in zip(curve, curve[1:])}
+    return dict(init_from=str(init), seq_len=seq_len, steps=steps, lr=lr, compile=compiled,
+                val_loss=evals, tok_per_s=speed)
+
+
+def plot(record, path):
+    """Loss past the window, passkey (300 to 2,000 tokens) against CPT tokens: a line per model."""
+    try:
+        import matplotlib  # here: the GPU machine has it, the tests need not
+    except ImportError:
+        return print(f"no plot: no matplotlib here (repro/smollm2.py plot makes {path} later)")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (loss_ax, key_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    w = record["window"]
+    names = {"orthros": f"Orthros (w = {w})", "transformer": "Base CPT", "swa": f"SWA (w = {w})"}
+    for attn in (a for a in ATTNS if a in record):
+        steps = sorted(map(int, record[attn]["curve"]))
+        x = [step * record["tokens_per_step"] / 1e6 for step in steps]
+        points = [record[attn]["curve"][str(step)] for step in steps]
+        loss_ax.plot(x, [p["loss_from_w"] for p in points], marker="o", label=names[attn])
+        found = [sum(t["correct"] for t in p["passkey"]) for p in points]
+        key_ax.plot(x, found, marker="o", label=names[attn])
+    original = record["original"][min(record["original"], key=int)]  # at the curve's T
+    loss_ax.axhline(original["loss_from_w"], color="gray", ls="--", label="original, no CPT")
+    found = sum(t["correct"] for t in original["passkey"])
+    key_ax.axhline(found, color="gray", ls="--", label="original, no CPT")
+    loss_ax.set(xlabel="CPT tokens (millions)", ylabel=f"held-out loss at positions >= {w} (nats)")
+    key_ax.set(xlabel="CPT tokens (millions)", ylabel="passkey at 300-2,000 tokens: keys found",
+               ylim=(-0.5, len(original["passkey"]) + 0.5))
+    for ax in (loss_ax, key_ax):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
+    print(f"wrote {path}")
 
 
 @torch.no_grad()

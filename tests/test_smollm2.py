@@ -39,8 +39,10 @@ import sample
 from checkpoint import load_checkpoint, model_from_checkpoint
 from convert import from_gguf
 from convert.from_gguf import smollm2
+from data.prepare_utils import write_dataset
 from data.tokenizer import get_tokenizer
 from repro import smollm2 as repro_smollm2
+from repro.smollm2 import val_documents
 
 TOL = 1e-5  # of the largest logit, as the README states (sums in another order: 2e-6 measured)
 
@@ -163,3 +165,12 @@ def test_eval_rerun_writes_out_not_the_committed_results(tmp_path, monkeypatch):
     assert written["models"] == ["original", "orthros", "swa"]
     repro_smollm2.main(["eval", "--device", "cpu", "--out", str(tmp_path / "mine.json")])
     assert (tmp_path / "mine.json").is_file()
+def test_the_curves_held_out_documents_are_whole_documents_of_at_least_t_tokens(tmp_path):
+    """repro/smollm2.py cpt measures the loss on the first T tokens of val.bin's documents of >= T
+    tokens, in their order there; none runs across an end token into the next document."""
+    val_docs = ["a" * 10, "b" * 40, "c" * 39, "d" * 100]
+    write_dataset(tmp_path, get_tokenizer("byte"), ["t" * 50], val_docs, source="test")
+    rows = val_documents(tmp_path, 2, 40).tolist()
+    assert [bytes(row).decode() for row in rows] == ["b" * 40, "d" * 40]
+    with pytest.raises(ValueError, match="has 2 documents of >= 40 tokens; lower --docs"):
+        val_documents(tmp_path, 3, 40)

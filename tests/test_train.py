@@ -24,6 +24,7 @@ from torch.overrides import TorchFunctionMode
 import sample
 import train
 from checkpoint import load_checkpoint, model_from_checkpoint, resume_command, save_checkpoint
+from data.prepare_utils import PretrainBatches
 from data.sft import collate, encode_example
 from data.tokenizer import get_tokenizer
 from orthros import Orthros, OrthrosConfig
@@ -109,6 +110,29 @@ def test_a_stop_request_saves_and_resuming_gives_the_same_losses(tmp_path, monke
     assert sorted(resumed) == list(range(1, 13))
     for step in range(7, 13):
         assert resumed[step] == pytest.approx(whole[step], abs=1e-6), step
+
+
+def test_epoch_order_takes_the_next_windows_and_keep_steps_keeps_weights(tmp_path, monkeypatch):
+    """--data_order epoch: each micro-step takes the next batch_size windows of the run's order,
+    counted from the step alone (a resumed run, and every model, gets the same data);
+    --keep_steps saves those steps' weights alone, loadable."""
+    firsts, real_get = [], PretrainBatches.get
+
+    def get(self, split, size, generator, first=None):
+        if first is not None:
+            firsts.append(first)
+        return real_get(self, split, size, generator, first)
+    monkeypatch.setattr(PretrainBatches, "get", get)
+    run_train(tmp_path, "--max_iters", "3", "--eval_interval", "3", "--batch_size", "4",
+              "--grad_accum", "2", "--data_order", "epoch", "--keep_steps", "2,3")
+    assert firsts == [0, 4, 8, 12, 16, 20]
+    last, kept = load_checkpoint(tmp_path / "ckpt_last.pt"), load_checkpoint(tmp_path / "ckpt_3.pt")
+    assert kept["step"] == 3 and "optimizer" not in kept
+    assert kept["model"].keys() == last["model"].keys()
+    assert all(torch.equal(kept["model"][k], v) for k, v in last["model"].items())
+    two = load_checkpoint(tmp_path / "ckpt_2.pt")["model"]
+    assert not torch.equal(two["wte.weight"], last["model"]["wte.weight"])
+    assert model_from_checkpoint(kept).config.attn == "orthros"
 
 
 def test_a_repeated_sigterm_still_saves(tmp_path, monkeypatch):
