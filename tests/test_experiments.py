@@ -2,7 +2,7 @@
 Tests for experiments.py's own logic (no training): the seed statistics, the run states that
 make a command resumable, stopping the trainings, the NIAH needles, and sample.py's JSON line.
 
-    python -m pytest -q test_experiments.py
+    python -m pytest -q tests/test_experiments.py
 """
 
 import json
@@ -191,27 +191,3 @@ def test_launch_skips_finished_runs_and_resumes_partial_ones(tmp_path, monkeypat
     assert ex.run_state(run) == "done" and [s for s, _ in ex.read_val_curve(run.out_dir)] == [0, 2, 4]
     ex.launch([run], S)
     assert "1 of 1 runs already finished" in capsys.readouterr().out
-
-
-def test_step_inference_asks_sample_py_for_json_and_records_its_rows(tmp_path, monkeypatch):
-    """The inference step's wiring, with sample.py replaced by its documented output."""
-    calls = []
-
-    def fake_run(cmd, **kw):
-        calls.append(cmd)
-        decoder = cmd[cmd.index("--decoder") + 1]
-        line = json.dumps({"prompt_tokens": 512, "ttft_ms": 3.5, "decode_tokens_per_s": 120.0, "new_tokens": 8,
-                           "batch": 1, "decoder": decoder, "ckpt": cmd[cmd.index("--ckpt") + 1]})
-        return ex.subprocess.CompletedProcess(cmd, 0, stdout=f"loaded\n----------\ntext\n{line}\n", stderr="")
-    monkeypatch.setattr(ex.subprocess, "run", fake_run)
-    monkeypatch.setattr(ex, "launch", lambda runs, S: None)
-    monkeypatch.setattr(ex, "pick_device", lambda name="auto": "cuda")
-    monkeypatch.setattr(ex, "RESULTS", tmp_path)
-    monkeypatch.setattr(ex, "run_meta", lambda device: {"device": device})
-    S = {"name": "tiny", **ex.SCALES["tiny"], "seeds": 2, "out": tmp_path / "out", "parallel": 1, "deadline": None}
-    ex.step_inference(S)
-    assert len(calls) == len(ex.LM_MODELS) * 2  # naive and fast on CUDA, first seed only
-    assert all({"--json", "--no_stop"} <= set(c) and "seed1337" in c[c.index("--ckpt") + 1] for c in calls)
-    rows = json.loads((tmp_path / "inference_tiny.json").read_text())["rows"]
-    assert {(r["model"], r["decoder"]) for r in rows} == {(m, d) for m in ex.LM_MODELS for d in ("naive", "fast")}
-    assert rows[0]["ttft_ms"] == 3.5 and rows[0]["prompt_tokens"] == 512
