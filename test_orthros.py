@@ -295,7 +295,7 @@ def test_window_is_exact(path):
 @pytest.mark.parametrize("path", ["blocked", "flex"])
 def test_fast_window_equals_the_reference(path):
     """The blocked window (forward and backward) and FlexAttention's (forward) are the reference."""
-    if path == "flex":   # keys_seen's shape, across blocks; w = 8: the chunks' test
+    if path == "flex":   # keys_seen's shape (its compiled kernel), across blocks; w = 8: the chunks
         q, k, v = (torch.randn(1, 19, 300, 16) for _ in range(3))
         torch.testing.assert_close(flex(q, k, v, 128), reference_attention(q, k, v, 128),
                                    rtol=1e-5, atol=1e-5)
@@ -337,7 +337,7 @@ def test_reach_of_each_stream(attn):
     T, reach = 30, 3 * (4 - 1)                                 # L(w-1) = 9
     idx, pos = tokens(1, T), torch.arange(T)
     changed = lambda where: (idx + where) % 37                 # idx, other tokens where True
-    last_kv = lambda idx: [(l.k[..., -1, :], l.v[..., -1, :]) for l in model.prefill(idx)[1].layers]
+    last_kv = lambda idx: [(c.k[..., -1, :], c.v[..., -1, :]) for c in model.prefill(idx)[1].layers]
     if attn != "transformer":   # every token farther than L(w-1); one the last layer's keys reach
         far, near = pos < T - 1 - reach, pos == T - 1 - (reach - 3)
         torch.testing.assert_close(last_kv(changed(far)), last_kv(idx), rtol=0, atol=0)
