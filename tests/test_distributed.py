@@ -1,7 +1,7 @@
 """
 train.py under torchrun on CPU (gloo): DistributedDataParallel, and FSDP2 (--fsdp true), against
-one process on the same global batch; for SFT, and for gradient accumulation, with responses of
-many lengths; a stop request, and a process that dies.
+one process on the same global batch of SFT examples of many lengths, and gradient accumulation;
+a stop request, and a process that dies.
 
     python -m pytest -q tests/test_distributed.py
 """
@@ -39,17 +39,35 @@ def losses(out_dir):
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
-def test_ddp_then_fsdp_resumed_give_one_process_losses_and_a_checkpoint_sample_reads(tmp_path,
+@pytest.fixture(scope="module")
+def sft(tmp_path_factory):
+    """An SFT dataset whose responses run from 1 to 40 characters, so that the halves of a batch
+    (and its micro-batches) hold different numbers of targets; and the losses of 4 steps on it in
+    one process, batch 8."""
+    data, rng = tmp_path_factory.mktemp("sft_data"), random.Random(0)
+    for split, n in (("train", 64), ("val", 16)):
+        examples = [{"prompt": f"say {i}:", "response": "ab"[i % 2] * rng.randint(1, 40)}
+                    for i in range(n)]
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in examples))
+    args = ["--task", "sft", "--dataset", str(data), "--eval_exact_match", "0"]
+    out = tmp_path_factory.mktemp("sft_one")
+    train.main([*COMMON, *args, "--max_iters", "4", "--batch_size", "8", "--out_dir", str(out)])
+    return args, losses(out)
+
+
+def test_ddp_then_fsdp_resumed_give_one_process_losses_and_a_checkpoint_sample_reads(tmp_path, sft,
                                                                                     capsys):
     """DDP, then FSDP resuming it, give one process's losses and checkpoints sample.py reads."""
-    train.main([*COMMON, "--batch_size", "8", "--max_iters", "4", "--out_dir", f"{tmp_path}/one"])
-    ddp = torchrun(tmp_path, "--max_iters", "2")
+    # SFT's loss is the mean over the targets of the whole global batch, not a mean of each
+    # process's means; the two processes slice each global batch as pre-training's do.
+    args, one = sft
+    ddp = torchrun(tmp_path, *args, "--max_iters", "2")
     assert ddp.returncode == 0, ddp.stderr
     assert load_checkpoint(tmp_path / "ckpt_last.pt")["step"] == 2
-    fsdp = torchrun(tmp_path, "--fsdp", "true", "--activation_checkpointing", "true",
+    fsdp = torchrun(tmp_path, *args, "--fsdp", "true", "--activation_checkpointing", "true",
                     "--max_iters", "4", "--init_from", "resume")
     assert fsdp.returncode == 0, fsdp.stderr
-    assert losses(tmp_path) == pytest.approx(losses(tmp_path / "one"), abs=1e-5)
+    assert losses(tmp_path) == pytest.approx(one, abs=1e-5)
     ckpt = load_checkpoint(tmp_path / "ckpt_last.pt")
     assert ckpt["step"] == 4 and "blocks.0.attn.c_q.weight" in ckpt["optimizer"]["state"]
     assert all(type(w).__name__ == "Tensor" for w in ckpt["model"].values())   # no DTensor shards
@@ -57,34 +75,11 @@ def test_ddp_then_fsdp_resumed_give_one_process_losses_and_a_checkpoint_sample_r
     assert "loaded" in capsys.readouterr().out
 
 
-@pytest.fixture(scope="module")
-def sft(tmp_path_factory):
-    """An SFT dataset whose responses run from 1 to 40 characters, so that the halves of a batch
-    (and its micro-batches) hold different numbers of targets; and the losses of 3 steps on it in
-    one process, batch 8."""
-    data, rng = tmp_path_factory.mktemp("sft_data"), random.Random(0)
-    for split, n in (("train", 64), ("val", 16)):
-        examples = [{"prompt": f"say {i}:", "response": "ab"[i % 2] * rng.randint(1, 40)}
-                    for i in range(n)]
-        (data / f"{split}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in examples))
-    args = ["--task", "sft", "--dataset", str(data), "--max_iters", "3", "--eval_exact_match", "0"]
-    out = tmp_path_factory.mktemp("sft_one")
-    train.main([*COMMON, *args, "--batch_size", "8", "--out_dir", str(out)])
-    return args, losses(out)
-
-
-def test_sft_on_two_processes_gives_one_process_losses(tmp_path, sft):
-    """SFT's loss is the mean over the global batch's targets: one process's losses."""
-    args, one = sft
-    ddp = torchrun(tmp_path, *args)
-    assert ddp.returncode == 0, ddp.stderr
-    assert losses(tmp_path) == pytest.approx(one, abs=1e-5)
-
-
 def test_sft_with_gradient_accumulation_gives_one_big_batch_losses(tmp_path, sft):
     """Two micro-steps of 4 give the losses of one batch of 8, with targets of many lengths."""
     args, one = sft
-    train.main([*COMMON, *args, "--batch_size", "4", "--grad_accum", "2", f"--out_dir={tmp_path}"])
+    train.main([*COMMON, *args, "--max_iters", "4", "--batch_size", "4", "--grad_accum", "2",
+                "--out_dir", str(tmp_path)])
     assert losses(tmp_path) == pytest.approx(one, abs=1e-5)
 
 
