@@ -36,12 +36,9 @@ recompile log (--time_budget keeps it inside one call):
 
 import argparse
 import dataclasses
-import datetime
 import gc
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -56,7 +53,7 @@ from data.prepare_utils import atomic_write
 from orthros import KVCache, Orthros, OrthrosConfig, compile_blocks
 from perf.engine import FastDecoder
 from perf.flops import prefill_flop_limits, train_flops
-from checkpoint import pick_device, sync
+from checkpoint import pick_device, run_meta, sync
 
 MODELS = ("transformer", "orthros", "swa")  # the Transformer first: the others' speedups need it
 DECODE_VARIANTS = ("naive", "naive+compile", "fast", "fast+compile")  # model.decode with the KVCache, or
@@ -64,30 +61,6 @@ DECODE_VARIANTS = ("naive", "naive+compile", "fast", "fast+compile")  # model.de
 TINY = dict(n_layer=2, n_embd=128, n_head=2, window=16, vocab_size=4096, prefill_lens="256,512,1024",
             long_T=512, decode_ctx="64,128", decode_batches="1,2", decode_steps=8, train_T=256, train_batch=2,
             reps=3, decode_variants="naive,fast")
-
-
-def git_state():
-    """(commit, clean): the checked-out commit and whether the tracked files have no uncommitted
-    changes; (None, None) without git. ORTHROS_GIT_COMMIT and ORTHROS_GIT_CLEAN (1 or 0), where set,
-    say it instead: for a copy of the tree whose .git is missing or stale."""
-    if os.environ.get("ORTHROS_GIT_COMMIT"):
-        clean = os.environ.get("ORTHROS_GIT_CLEAN")
-        return os.environ["ORTHROS_GIT_COMMIT"], (clean == "1") if clean in ("0", "1") else None
-    try:
-        git = lambda *args: subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
-        commit = git("rev-parse", "--short", "HEAD")
-        return (commit, git("status", "--porcelain", "--untracked-files=no") == "") if commit else (None, None)
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-
-
-def run_meta(device="cpu"):
-    """What a result file records about where it was measured (bench.py's and repro/experiments.py's)."""
-    device = torch.device(device)
-    commit, clean = git_state()
-    return {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "git_commit": commit, "git_clean": clean}
 
 
 # -----------------------------------------------------------------------------

@@ -47,8 +47,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script (python repro/experiments.py): import from the repository root
 from data.prepare_utils import atomic_write, ensure_prepared, load_meta
-from perf.bench import run_meta
-from checkpoint import load_checkpoint, model_from_checkpoint, pick_device
+from checkpoint import load_checkpoint, model_from_checkpoint, pick_device, run_meta
 from data.recall.prepare import make_example
 from data.sft import encode_example, exact_match
 from data.tokenizer import get_tokenizer
