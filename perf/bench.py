@@ -59,16 +59,14 @@ def decode_bytes(cfg, n_params, batch, keys, dtype_bytes=2):
 
 def time_fn(fn, device, reps, warmup):
     """Median seconds of fn() over reps calls after warmup calls, synchronized: the GPU's time."""
-    for _ in range(warmup):
-        fn()
     times = []
-    for _ in range(reps):
+    for _ in range(warmup + reps):
         sync(device)
         t0 = time.perf_counter()
         fn()
         sync(device)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(times[warmup:])
 
 
 def free_memory(device):
@@ -161,8 +159,8 @@ def table_prefill(results):
 # -- Decode ----------------------------------------------------------------------------------
 
 def prompt_cache(args, model, ctx, B, device):
-    """(logits (B, 1, vocab), KVCache of ctx positions) of a random prompt: model.prefill's, or
-    (--decode_cache random) random keys, values and logits: a step's time does not depend on them."""
+    """(logits (B, 1, vocab), KVCache of ctx positions): model.prefill's of a random prompt, or
+    random keys, values and logits (--decode_cache random: values do not change a step's time)."""
     with torch.inference_mode():
         if args.decode_cache == "prefill":
             return model.prefill(torch.randint(0, args.vocab_size, (B, ctx), device=device))
@@ -240,7 +238,6 @@ def gptfast_tokens(args, ctx, B, device):
     coordinate-descent tuning, math SDPA). Its SwiGLU of width 8C/3 has 8C^2 weights, as GELU's."""
     sys.path.insert(0, args.gptfast)
     from model import ModelArgs, Transformer   # gpt-fast's
-    import torch._inductor.config as inductor
     rows = ctx + args.warmup + args.decode_steps + 1
     torch.manual_seed(0)
     with torch.device(device):
@@ -256,16 +253,13 @@ def gptfast_tokens(args, ctx, B, device):
                          mode="reduce-overhead", fullgraph=True)
     token = torch.zeros(B, 1, dtype=torch.long, device=device)
     pos = torch.tensor([ctx], device=device)
-    inductor.coordinate_descent_tuning = True
-    try:
-        with torch.inference_mode(), sdpa_kernel(SDPBackend.MATH):
+    with torch._inductor.config.patch(coordinate_descent_tuning=True), torch.inference_mode(), \
+            sdpa_kernel(SDPBackend.MATH):
+        yield token
+        for _ in range(rows - ctx - 1):
+            token = step(token, pos).clone()
+            pos += 1
             yield token
-            for _ in range(rows - ctx - 1):
-                token = step(token, pos).clone()
-                pos += 1
-                yield token
-    finally:
-        inductor.coordinate_descent_tuning = False
 
 
 def bench_decode(args, device, results, save):
@@ -297,8 +291,8 @@ def bench_decode(args, device, results, save):
                     line.append(f"{attn} {v}: {fmt(rec, 'tokens_per_s', '{:.0f}')}")
                 prompt = None
             if args.gptfast:
-                tokens = lambda: gptfast_tokens(args, ctx, B, device)
-                rec = measure(lambda: time_steps(args, B, device, tokens()), device)
+                gptfast = lambda: time_steps(args, B, device, gptfast_tokens(args, ctx, B, device))
+                rec = measure(gptfast, device)
                 runs.setdefault((ctx, B, "transformer", "gpt-fast"), []).append(rec)
                 line.append(f"gpt-fast: {fmt(rec, 'tokens_per_s', '{:.0f}')}")
             round_s[ctx, B] = min(round_s.get((ctx, B), float("inf")), time.time() - t0)
@@ -339,14 +333,14 @@ def summarize(args, models, key, recs):
 
 def table_decode(results):
     recs = {(r["attn"], r["variant"], r["ctx"], r["batch"]): r for r in results["decode"]}
+    cell = lambda r: r and (fmt(r, "tokens_per_s", "{:.0f}") + fmt(r, "hbm_fraction", " [{:.0%}]")
+                            + fmt(r, "ms_per_step", " {:.2f}"))
     rows = []
     for ctx, B, v in dict.fromkeys((r["ctx"], r["batch"], r["variant"]) for r in results["decode"]):
-        cells = [recs.get((a, v, ctx, B), {}) for a in MODELS]
-        t, o = (r.get("tokens_per_s") for r in cells[:2])  # the Transformer's, Orthros's
-        rows.append([ctx, B, v, *(fmt(r, "tokens_per_s", "{:.0f}") + fmt(r, "hbm_fraction",
-                                  " [{:.0%}]") + fmt(r, "ms_per_step", " {:.2f}") for r in cells),
-                     f"{o / t:.2f}" if t and o else "-",
-                     " ".join(fmt(r, "peak_mem_gb", "{:.1f}") for r in cells if r)])
+        models = [recs.get((a, v, ctx, B), {}) for a in MODELS]
+        t, o = (r.get("tokens_per_s") for r in models[:2])  # the Transformer's, Orthros's
+        rows.append([ctx, B, v, *map(cell, models), f"{o / t:.2f}" if t and o else "-",
+                     " ".join(fmt(r, "peak_mem_gb", "{:.1f}") for r in models if r)])
     print_table("Decode: tokens/s (median of the interleaved rounds) [fraction of the HBM-bandwidth"
                 " limit] ms/step; naive = model.decode with the KVCache, fast = engine.FastDecoder,"
                 " +compile = its step compiled",
@@ -384,7 +378,6 @@ def bench_train(args, device, results, save):
             return {"ms": 1e3 * sec, "tokens_per_s": B * T / sec, "flops_per_step": flops,
                     "mfu": flops / sec / peak if peak else None, "compiled": args.compile}
 
-        free_memory(device)
         results["train"].append(rec := {"attn": attn, "T": T, "batch": B, **measure(run, device)})
         free_memory(device)
         print(f"train {attn} T={T} B={B}: {fmt(rec, 'ms', '{:.1f} ms')}", flush=True)
@@ -547,7 +540,7 @@ def parse_args(argv=None):
     if p.parse_known_args(argv)[0].tiny:
         p.set_defaults(**TINY)  # options given still win over the preset
     args = p.parse_args(argv)
-    for name, allowed in (("sections", SECTIONS), ("models", MODELS), ("decode_variants", VARIANTS)):
+    for name, allowed in ("sections", SECTIONS), ("models", MODELS), ("decode_variants", VARIANTS):
         given = [x for x in getattr(args, name).split(",") if x]
         if not given or set(given) - set(allowed):
             p.error(f"--{name} takes a comma-separated subset of {','.join(allowed)}, "
@@ -591,9 +584,7 @@ def main(argv=None):
     def save():  # atomic: a run killed mid-write keeps the last good JSON
         atomic_write(args.out, lambda f: json.dump(results, f, indent=1), mode="w")
 
-    print(f"{results['meta']}\nmodel: {args.n_layer} layers, n_embd={args.n_embd}, {args.n_head} "
-          f"heads, window={args.window}, vocab={args.vocab_size}, {args.dtype}; sections "
-          f"{args.sections}", flush=True)
+    print(results["meta"], flush=True)
     for name in args.sections:
         try:
             SECTIONS[name][0](args, device, results, save)
@@ -602,7 +593,6 @@ def main(argv=None):
             print(f"NOTE: the {name} section stopped on the error above", flush=True)
             free_memory(device)
         print(f"-- {name} done at {time.time() - t_start:.0f} s", flush=True)
-        SECTIONS[name][1](results)
     print("\n==== summary ====")
     for name in args.sections:
         SECTIONS[name][1](results)
