@@ -34,7 +34,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # python perf/bench.py: repo imports
-from checkpoint import pick_device, run_meta, sync
+from checkpoint import ArgumentParser, pick_device, run_meta, sync
 from data.prepare_utils import atomic_write
 from orthros import KVCache, Orthros, OrthrosConfig, compile_blocks
 from perf.engine import FastDecoder
@@ -490,8 +490,7 @@ SECTIONS = {"prefill": (bench_prefill, table_prefill), "decode": (bench_decode, 
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 
     def add(name, default, help, **kw):  # the option's type is its default's; False: a flag
         if isinstance(default, bool):

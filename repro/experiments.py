@@ -35,7 +35,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # python repro/experiments.py: import from the repository root
-from checkpoint import load_checkpoint, model_from_checkpoint, pick_device, run_meta
+from checkpoint import ArgumentParser, load_checkpoint, model_from_checkpoint, pick_device, run_meta
 from data.prepare_utils import atomic_write, ensure_prepared, load_meta
 from data.recall.prepare import make_example
 from data.sft import encode_example, exact_match
@@ -716,8 +716,8 @@ STEPS = {"lm": step_lm, "recall": step_recall, "niah": step_niah, "conversion": 
 def main(argv=None):
     t_start = time.time()
     os.chdir(REPO)  # the commands it runs (train.py, sample.py), results/ and out/ are the repo's
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("steps", nargs="+", choices=[*STEPS, "all"])
     parser.add_argument("--scale", default="gpu", choices=list(SCALES))
     parser.add_argument("--seeds", type=int, default=1, help="seeds for lm and conversion: 1337...")
