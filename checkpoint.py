@@ -19,16 +19,18 @@ A checkpoint is a dict saved by torch.save, holding only tensors and plain value
 
 Also here: the rules of a run's folder (a run never writes over another run's files, and how to
 resume it), and, because train.py and sample.py both need them and no script imports another, the
-device (pick_device, cpu_threads, sync, compile_works) and the command line's one-line errors
-(ArgumentParser).
+device (pick_device, cpu_threads, sync, compile_works), the command line's one-line errors
+(ArgumentParser), and what a result file records about where it was measured (run_meta).
 """
 
 import argparse
+import datetime
 import json
 import os
 import re
 import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 import torch
@@ -37,6 +39,7 @@ from data.prepare_utils import atomic_write
 from orthros import Orthros, OrthrosConfig, identity_scale_offset
 
 CKPT_FORMAT = "orthros-checkpoint-v1"
+REPO = Path(__file__).resolve().parent
 
 
 def save_checkpoint(path, **state):
@@ -252,6 +255,34 @@ def sync(device):
         torch.cuda.synchronize(device)
     elif torch.device(device).type == "mps":
         torch.mps.synchronize()
+
+
+def git_state():
+    """(commit, clean): the checked-out commit and whether the tracked files have no uncommitted
+    changes; (None, None) without git. ORTHROS_GIT_COMMIT and ORTHROS_GIT_CLEAN (1 or 0), where
+    set, say it instead: for a copy of the tree whose .git is missing or stale."""
+    if os.environ.get("ORTHROS_GIT_COMMIT"):
+        clean = os.environ.get("ORTHROS_GIT_CLEAN")
+        return os.environ["ORTHROS_GIT_COMMIT"], (clean == "1") if clean in ("0", "1") else None
+    try:
+        git = lambda *args: subprocess.run(["git", *args], cwd=REPO, capture_output=True,
+                                           text=True, timeout=10).stdout.strip()
+        commit = git("rev-parse", "--short", "HEAD")
+        if not commit:
+            return None, None
+        return commit, git("status", "--porcelain", "--untracked-files=no") == ""
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def run_meta(device="cpu"):
+    """What a result file records about where it was measured (perf/bench.py, repro/)."""
+    device = torch.device(device)
+    commit, clean = git_state()
+    return {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "git_commit": commit,
+            "git_clean": clean}
 
 
 class ArgumentParser(argparse.ArgumentParser):
