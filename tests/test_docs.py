@@ -93,7 +93,7 @@ def git(cwd, *args):
 def test_run_metadata_names_the_commit_and_whether_the_tree_was_clean(tmp_path, monkeypatch):
     """run_meta records the checked-out commit and whether tracked files had changes; the environment
     (ORTHROS_GIT_COMMIT / ORTHROS_GIT_CLEAN, for a copied tree with a stale .git) overrides git; no git: None."""
-    from perf import bench
+    import checkpoint as bench
     monkeypatch.delenv("ORTHROS_GIT_COMMIT", raising=False)
     monkeypatch.delenv("ORTHROS_GIT_CLEAN", raising=False)
     repo = tmp_path / "repo"
