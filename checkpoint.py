@@ -265,7 +265,7 @@ def open_log(out_dir, resume, overwrite, start_step):
 
 
 # -----------------------------------------------------------------------------
-# Shared by the scripts: the device, and the command line
+# Shared by the scripts (no script imports another): the device
 
 def pick_device(name="auto"):
     """'auto' -> cuda if a GPU is usable, else mps (Apple silicon), else cpu. An explicit name is
@@ -315,6 +315,10 @@ def sync(device):
         torch.mps.synchronize()
 
 
+# -----------------------------------------------------------------------------
+# Shared by the scripts: the command line, whose errors are one line, and options generated from a
+# config dataclass (train.py's TrainConfig), each with its help and its check
+
 def fail(message):
     """Stop with one line on stderr: what is wrong and what to do."""
     raise SystemExit(f"error: {message}")
@@ -344,12 +348,12 @@ def at_least(low):
     return (lambda v: v >= low), f"must be >= {low}"
 
 
-FRACTION = (lambda v: 0 <= v <= 1), "must be in [0, 1]"
-BELOW_ONE = (lambda v: 0 <= v < 1), "must be in [0, 1)"
-
-
 def one_of(*choices):
     return (lambda v: v in choices), f"must be one of {', '.join(choices)}"
+
+
+FRACTION = (lambda v: 0 <= v <= 1), "must be in [0, 1]"
+BELOW_ONE = (lambda v: 0 <= v < 1), "must be in [0, 1)"
 
 
 def parse_options(parser, config_class, argv, presets):
@@ -362,9 +366,9 @@ def parse_options(parser, config_class, argv, presets):
         for name, preset in presets.items())
     parser.add_argument("--config", choices=presets, help="a named preset (see below)")
     for f in fields(config_class):
-        help = f"{f.metadata['help']} (default: {f.default!r})".replace("%", "%%")
+        text = f"{f.metadata['help']} (default: {f.default!r})".replace("%", "%%")
         parser.add_argument(f"--{f.name}", type=typed(f.type), default=argparse.SUPPRESS,
-                            metavar=f.type.__name__.upper(), help=help)
+                            metavar=f.type.__name__.upper(), help=text)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         key = unknown[0].split("=")[0]
