@@ -296,7 +296,7 @@ def output_positions(T, t_out):
 
 CHECKER = '''"""Exercise NN, the output positions: the checker."""
 
-from exercises.framework import Bug, Case, Mutant
+from exercises.framework import Domain
 from exercises.solutions import STEM as solution
 
 TITLE, DIFFICULTY, MINUTES = "The output positions", 1, 10
@@ -306,24 +306,7 @@ PAPER = "T=2048"
 HINTS = ["The output positions are a suffix of the sequence: the last t_out of its T positions.",
          "Positions count from 0: the last one is T - 1, the first of the last t_out is T - t_out.",
          "Paper, section 3.2: SFT has T_in = T - T_out; the output-specific tokens are the last T_out."]
-
-BUGS = [Bug("the first t_out positions", "the output tokens are the twins of the LAST t_out positions, whose next tokens "
-            "are predicted.", {"range(T - t_out, T)": "range(t_out)"})]
-MUTANTS = [
-    Mutant("the stored solution imported", "is not available to your code",
-           source="from exercises.solutions.STEM import output_positions\\n"),
-    Mutant("one position too many", "are a list of 2 items", {"range(T - t_out, T)": "range(T - t_out - 1, T)"}),
-    Mutant("a range, not a list", "are a range", {"list(range(T - t_out, T))": "range(T - t_out, T)"}),
-    Mutant("counted from 1", "yours", {"range(T - t_out, T)": "range(T - t_out + 1, T + 1)"}),
-    Mutant("the positions in reverse", "at item 0", {"list(range(T - t_out, T))": "list(range(T - 1, T - t_out - 1, -1))"}),
-]
-ALSO_RIGHT = "def output_positions(T, t_out):\\n    return [T - t_out + i for i in range(t_out)]\\n"
-
-
-def cases(**options):
-    return [Case(f"output_positions(T={T}, t_out={t_out})", dict(T=T, t_out=t_out), "output_positions",
-                 "the last t_out of the T positions, T - t_out ... T - 1, in order", output="your positions")
-            for T, t_out in [(1, 1), (5, 1), (5, 3), (5, 5), (2048, 300)]]
+DOMAIN = {"output_positions": Domain(pairs=True, T=[1, 2, 5, 2048], t_out=lambda T: sorted({1, 2, T - 1, T} - {0, T + 1}))}
 '''
 
 

@@ -29,5 +29,5 @@ from orthros import Orthros
 def convert(transformer, window):
     """A new Orthros model (attn="orthros", this window) with a copy of the weights of
     transformer (an Orthros instance with config.attn == "transformer"), its scale-offsets at
-    identity, in the Transformer's dtype."""
+    identity, in the Transformer's dtype and mode (train or eval)."""
     raise NotImplementedError
