@@ -307,6 +307,7 @@ HINTS = ["The output positions are a suffix of the sequence: the last t_out of i
          "Positions count from 0: the last one is T - 1, the first of the last t_out is T - t_out.",
          "Paper, section 3.2: SFT has T_in = T - T_out; the output-specific tokens are the last T_out."]
 DOMAIN = {"output_positions": Domain(pairs=True, T=[1, 2, 5, 2048], t_out=lambda T: sorted({1, 2, T - 1, T} - {0, T + 1}))}
+ALSO_RIGHT = "def output_positions(T, t_out):\\n    return [T - t_out + i for i in range(t_out)]\\n"
 '''
 
 

@@ -217,7 +217,9 @@ def crashes(what):
             raise NotStarted(e) from e
         if "leaf Variable that requires grad is being used in an in-place operation" in str(e):
             what = what.replace("(crash)", "(inputs)").replace("crashed", "changes an input in place")
-        raise Fail(f"{what}: {'' if isinstance(e, Refused) else 'your code raised '}{one_line(e)}{answer_line(e)}"
+        if isinstance(e, Refused):
+            what = what.replace("(crash)", "(refused)").replace("crashed", "calls what the checker refuses")
+        raise Fail(f"{what}: {e if isinstance(e, Refused) else 'your code raised ' + one_line(e)}{answer_line(e)}"
                    f"{memory(e)}") from e
 
 
@@ -228,7 +230,7 @@ def memory(error):
 
 # The contract
 
-RUNS = {}   # the reference's runs, kept for the process: (exercise, function, input, seed) -> Run
+RUNS = {}   # the reference's runs, kept for the process: (its function, input, seed) -> Run
 
 
 def check(spec, impl, summary=True, **options):
@@ -251,11 +253,10 @@ def run(spec, impl, summary, options):
     try:
         for name in spec.FUNCTIONS:
             contract(spec, name, getattr(functions, name))
-        for prop in getattr(spec, "PROPERTIES", ()):
-            with crashes(prop.__doc__.split("\n")[0]):
+        for prop in getattr(spec, "PROPERTIES", ()):   # each docstring's first line names it
+            with crashes(f"({prop.__doc__.splitlines()[0]})"):
                 problem = prop(functions, **options)
-            if problem:
-                raise Fail(f"({prop.__doc__.split(chr(10))[0]}): {problem}")
+            judge(prop.__doc__.splitlines()[0], "", problem)
         with crashes("the summary of your answer"):
             return Result("PASS", spec.after_pass(functions, **options) if summary and hasattr(spec, "after_pass") else "")
     except Fail as e:
@@ -288,7 +289,7 @@ def contract(spec, name, fn):
 
 
 def reference(spec, name, params, seed=0):
-    key = (spec.__name__, name, repr(params), seed)
+    key = (getattr(spec.REFERENCE, name), repr(params), seed)
     if key not in RUNS:
         RUNS[key] = observe(getattr(spec.REFERENCE, name), make(spec, name, params, seed), params)
     return RUNS[key]
@@ -390,7 +391,7 @@ def draws(domain, seed=0):
     chosen += [params for params, _ in pool[:domain.draws]]
     size = lambda params: sum(abs(x) for v in params.values() for x in (v if isinstance(v, tuple) else (v,))
                               if isinstance(x, (int, float)) and not isinstance(x, bool))
-    return sorted({repr(p): p for p in chosen}.values(), key=size)
+    return sorted({repr(p): p for p in chosen}.values(), key=lambda params: ("meta" in params.values(), size(params)))
 
 
 def make(spec, name, params, seed=0):
@@ -500,7 +501,8 @@ def difference(out, ref, label="your output"):
         out, ref = flat(out), flat(ref)
     if isinstance(ref, (tuple, list, dict)):
         if not isinstance(out, dict if isinstance(ref, dict) else (tuple, list)) or len(out) != len(ref):
-            return f"{label} is {describe(out)}, expected {describe(ref)}"
+            both = f": yours {short(out)}, the reference {short(ref)}" if len(short(out) + short(ref)) < 120 else ""
+            return f"{label} is {describe(out)}, expected {describe(ref)}{both}"
         if isinstance(ref, dict) and set(out) != set(ref):
             return (f"{label} has the keys {short(sorted(map(str, set(out) - set(ref))), 100)} too many, "
                     f"{short(sorted(map(str, set(ref) - set(out))), 100)} missing")
@@ -584,7 +586,7 @@ def call_text(name, inputs, params):
 
 def show(x):
     if isinstance(x, torch.Tensor):
-        if x.numel() <= 12 and not x.is_meta:
+        if x.numel() <= 12 and not x.is_meta and not x.is_floating_point():
             return f"torch.tensor({x.tolist()}{'' if x.dtype == torch.int64 else ', dtype=' + str(x.dtype)})"
         return f"<{'x'.join(map(str, x.shape)) or '0-d'} {str(x.dtype)[6:]} tensor{' on meta' * x.is_meta}>"
     if is_object(x):

@@ -14,9 +14,6 @@ TITLE, DIFFICULTY, MINUTES = "How far each stream can see", 3, 30
 FUNCTIONS = ("positions_that_change", "swa_reach")
 PAPER = "n_layer=12, window=128"
 
-REFERENCE = solution   # the stored solution: its functions
-PAPER = "swa_reach(n_layer=12, window=128)"
-
 HINTS = [
     "Run the model once and keep the logits at position t. Then, for each position j, change one token (the others "
     "stay), run again, and ask whether the logits at t moved at all. A window of w keys covers the w-1 positions "

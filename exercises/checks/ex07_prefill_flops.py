@@ -18,8 +18,6 @@ FORBIDDEN = dict.fromkeys((flops.forward_flops, flops.prefill_flop_limits, flops
                           "perf/flops.py's FLOP count, which the checker compares yours with: count them yourself")
 PAPER = "the paper's (12 x 768, 6 heads, w=128, V=50304)"
 
-PAPER = "T=300), orthros, the paper's"
-
 HINTS = [
     "Count pairs row by row. Without a window, the query at position t sees t + 1 keys; the last n_q queries are t = "
     "T-n_q ... T-1. With a window, the first w queries see 1, 2, ..., w keys and every later one exactly w (careful "
