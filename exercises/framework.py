@@ -1,16 +1,15 @@
 """The checker every exercise shares: one contract, checked on every function of every exercise.
 
-An exercise declares each function's domain as data (a Domain: the values of each parameter); the framework draws
-inputs from it with a fixed seed (every value of every parameter, every two values of the pairs it names, then random
-draws), smallest first, and calls the answer and the reference on copies of each. They must agree on:
-  values    the output's form (type; shape, dtype, device; length or keys; a module's or object's attributes),
-            then its values (to TOLERANCE);
-  autograd  requires_grad of every output tensor, and the gradients of the floating inputs and the parameters;
-  inputs    every argument, as the reference leaves it (unchanged, but for what the reference itself updates);
-  repeats   a second call, after the caller changed the first output in place, and a call after the inputs
-            changed in place (new values in the same tensors, modules and folders).
-A crash is a FAIL naming the input. Then the checker's own PROPERTIES (what no reference call shows), then its
-after_pass summary (a crash there fails too). While the answer runs, the reference and FORBIDDEN raise however they
+An exercise declares each function's domain as data (a Domain); the framework draws inputs from
+it with a fixed seed, smallest first, and calls the answer and the reference on copies of each.
+They must agree on:
+  inputs    every argument as the reference leaves it (unchanged, but what the reference updates);
+  values    the output's form (type; shape, dtype, device; length, keys, attributes), then values;
+  autograd  requires_grad of each output tensor; the gradients of the floating inputs and weights;
+  repeats   a second call after the caller changed the first output in place, and a call after
+            the inputs changed in place (new values in the same tensors, modules, folders).
+A crash is a FAIL naming the input. Then the checker's PROPERTIES (what no reference call shows),
+then its after_pass summary. While the answer runs, the reference and FORBIDDEN raise however they
 are reached, and a file importing from exercises/ is refused.
 """
 
@@ -42,12 +41,12 @@ import orthros
 
 
 def numbered(folder):
-    """{number: name} of the checkers in folder; two of one number (two teachers' branches merged) are an error."""
+    """{number: name} of the checkers in folder; two of one number are an error."""
     paths = sorted(folder.glob("ex[0-9][0-9]_*.py"))
     for a, b in zip(paths, paths[1:]):
         if a.name[:4] == b.name[:4]:
-            raise ImportError(f"{folder} holds two checkers numbered {int(a.name[2:4])}, {a.name} and {b.name}: "
-                              "renumber one")
+            raise ImportError(f"{folder} holds two checkers numbered {int(a.name[2:4])}, "
+                              f"{a.name} and {b.name}: renumber one")
     return {int(path.name[2:4]): path.stem for path in paths}
 
 
@@ -55,42 +54,40 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 STUBS, SOLUTIONS, MINE, CHECKS = HERE / "stubs", HERE / "solutions", HERE / "mine", HERE / "checks"
 EXERCISES = numbered(CHECKS)   # number -> name
-TOLERANCE = {torch.float64: (1e-12, 1e-10), torch.float32: (1e-5, 1e-4), torch.bfloat16: (3e-2, 3e-2)}   # (atol, rtol)
-POOL, REPEATS = 300, 2   # random draws the inputs are chosen from; inputs of each function called again
+TOLERANCE = {torch.float64: (1e-12, 1e-10), torch.float32: (1e-5, 1e-4),
+             torch.bfloat16: (3e-2, 3e-2)}   # (atol, rtol)
+POOL, REPEATS = 300, 2   # random draws the inputs are picked from; inputs called again, a function
 
 
 class Domain:
-    """The inputs of one function, as data. params: each parameter's values, a list (or a function of the parameters
-    before it that returns one; a value listed n times is drawn n times as often). The inputs drawn hold every value of
-    every parameter, every two values of each of `pairs` (True: of every two parameters), and `draws` random ones more. build(seed, **params) makes the call's
-    arguments (with the parameters of the function's name), its random values from seed. Parameters the framework reads:
-    dtype (the floating inputs converted to it), place (the inputs moved to that device), default (the default device
-    during the call)."""
+    """A function's inputs, as data. params: each parameter's values, a list (or a function of the
+    parameters before it; a value listed n times is drawn n times as often). The inputs hold every
+    value of every parameter, every two values of each of `pairs` (True: all), and `draws` random
+    ones. build(seed, **params) -> arguments (besides the parameters of the function's names), its
+    random values from seed. The framework reads three parameters: dtype (floating inputs converted
+    to it), place (inputs moved to that device), default (the default device during the call)."""
 
     def __init__(self, build=None, pairs=(), draws=10, **params):
         self.build, self.pairs, self.draws, self.params = build, pairs, draws, params
 
 
-Result = collections.namedtuple("Result", "status message seconds", defaults=("", 0.0))   # PASS, FAIL, not started,
-# waiting (the recall lab's runs), ERROR (the checker's own)
-Answer = collections.namedtuple("Answer", "functions path problem started trusted", defaults=(None, None, True, False))
-Run = collections.namedtuple("Run", "out before after grads")   # a call: its output, its inputs before and after
+# status: PASS, FAIL, not started, waiting (the recall lab's runs), ERROR (the checker's own)
+Result = collections.namedtuple("Result", "status message seconds", defaults=("", 0.0))
+Answer = collections.namedtuple("Answer", "functions path problem started trusted",
+                                defaults=(None, None, True, False))
+Run = collections.namedtuple("Run", "out before after grads")   # a call, its inputs before, after
 
 
-class Fail(Exception):
-    """The answer fails: args[0] says how."""
+class Fail(Exception): """The answer fails: args[0] says how."""
 
 
-class NotReady(Exception):
-    """Something the check needs is not there yet (the recall lab's trained runs)."""
+class NotReady(Exception): """What the check needs is not there yet (the recall lab's runs)."""
 
 
-class Refused(Exception):
-    """The answer's code called something its exercise refuses."""
+class Refused(Exception): """The answer's code called something its exercise refuses."""
 
 
-class NotStarted(Exception):
-    """The answer still raises the stub's NotImplementedError."""
+class NotStarted(Exception): """The answer still raises the stub's NotImplementedError."""
 
 
 def load_spec(n):
@@ -102,73 +99,79 @@ def stub_source(spec):
 
 
 def solved_source(spec):
-    """The stored solution's file (a "replace" exercise's: the repository's function, copied; checked against it live)."""
     return (SOLUTIONS / f"{spec.__name__.rsplit('.', 1)[-1]}.py").read_text()
 
 
 # Answers, and the guard: while the answer's code runs, each refused function's code raises
 
 _loaded, ANSWER_FILES = itertools.count(), set()   # ANSWER_FILES: their frames are the student's
-STATE = SimpleNamespace(active=False, why={}, refusals=[])   # refusals: all raised (an answer may catch one)
+STATE = SimpleNamespace(active=False, why={}, refusals=[])   # refusals: all raised (some caught)
 
 
 def load_answer(spec, source, filename):
-    """A student's file run as a module, guarded; refused if it imports from exercises/ or holds a refused function."""
+    """A student's file run as a module, guarded; refused if it imports from exercises/ or holds a
+    refused function."""
     filename, where = str(filename), relpath(filename)
     ANSWER_FILES.add(filename)
     module = types.ModuleType(f"_exercise_answer_{next(_loaded)}")
-    module.__file__, sys.modules[module.__name__] = filename, module   # for what needs its module (dataclasses)
+    module.__file__, sys.modules[module.__name__] = filename, module   # (dataclasses need it)
     try:
         tree = ast.parse(source, filename)
-        for node in (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            name = next((name for name in names if name.split(".")[0] == "exercises"), None)
-            if name:
-                return Answer({}, filename, f"{where} does not import: ImportError: line {node.lineno} imports "
-                              f"`{name}`, which is not available to your code: exercises/ holds the stored solutions "
-                              "and the checker. Write the function yourself.")
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in (name for name in names if name.split(".")[0] == "exercises"):
+                return Answer({}, filename, f"{where} does not import: ImportError: line "
+                              f"{node.lineno} imports `{name}`, which is not available to your "
+                              "code: exercises/ holds the stored solutions and the checker. Write "
+                              "the function yourself.")
         with guarding(spec):
             exec(compile(tree, filename, "exec"), module.__dict__)
     except Exception as e:
         started = not isinstance(e, NotImplementedError) or bool(str(e))
-        return Answer({}, filename, f"{where} does not import: {one_line(e)}" if started else None, started=started)
+        return Answer({}, filename, f"{where} does not import: {one_line(e)}" if started else None,
+                      started=started)
     missing = [f for f in spec.FUNCTIONS if not callable(getattr(module, f, None))]
     if missing:
-        return Answer({}, filename, f"{where} has no function `{missing[0]}`: keep the stub's name and signature")
+        return Answer({}, filename, f"{where} has no function `{missing[0]}`: keep the stub's name "
+                      "and signature")
     refused = refused_functions(spec)
     for name, value in vars(module).items():
         fn = inspect.unwrap(getattr(value, "__func__", value)) if callable(value) else None
         if isinstance(fn, types.FunctionType) and fn in refused:
-            return Answer({}, filename, f"the name `{name}` in {where} holds {fn.__module__}.{fn.__qualname__}, which "
-                          f"this exercise refuses ({refused[fn]}). Remove that import or reference: the checker "
-                          "compares your own code with it.")
+            return Answer({}, filename, f"the name `{name}` in {where} holds {fn.__module__}."
+                          f"{fn.__qualname__}, which this exercise refuses ({refused[fn]}). Remove "
+                          "that import or reference: the checker compares your own code with it.")
     return Answer({f: getattr(module, f) for f in spec.FUNCTIONS}, filename)
 
 
 def refused_functions(spec):
-    """{function: why}: the reference's functions and FORBIDDEN's, unwrapped (a decorated method's own code). A
-    FORBIDDEN "module:name" is refused once that module is imported (the checker need not import it)."""
-    found = {inspect.unwrap(getattr(spec.REFERENCE, f)): "the reference answer of this exercise" for f in spec.FUNCTIONS}
+    """{function: why}: the reference's and FORBIDDEN's, unwrapped (a decorated method's own code);
+    a FORBIDDEN "module:name" once that module is imported (the checker need not import it)."""
+    found = {inspect.unwrap(getattr(spec.REFERENCE, f)): "the reference answer of this exercise"
+             for f in spec.FUNCTIONS}
     for fn, why in getattr(spec, "FORBIDDEN", {}).items():
         module, _, name = fn.partition(":") if isinstance(fn, str) else (None, None, None)
+        if module in sys.modules:
+            fn = functools.reduce(getattr, name.split("."), sys.modules[module])
         if module is None or module in sys.modules:
-            found[inspect.unwrap(functools.reduce(getattr, name.split("."), sys.modules[module]) if module else fn)] = why
+            found[inspect.unwrap(fn)] = why
     return found
 
 
 def refusing(*args, **kwargs):
-    """The code of each refused function while the answer runs: among that function's globals, it reaches this module
-    by __import__; its co_filename names the function."""
+    """The code of each refused function while the answer runs: among that function's globals, it
+    reaches this module by __import__; its co_filename names the function."""
     here = __import__("exercises.framework", fromlist=["STATE"])
     name = here.sys._getframe().f_code.co_filename
-    here.STATE.refusals.append(here.Refused(f"your code called {name} ({here.STATE.why[name]}), which the checker "
-                                            "refuses while your code runs"))
+    here.STATE.refusals.append(here.Refused(f"your code called {name} ({here.STATE.why[name]}), "
+                                            "which the checker refuses while your code runs"))
     raise here.STATE.refusals[-1]
 
 
 @contextlib.contextmanager
 def guarding(spec):
-    """Each refused function's __code__ swapped for refusing's, then restored: captured ones (f = Orthros.forward) too."""
+    """Each refused function's __code__ swapped for refusing's, then restored: captured ones too."""
     if STATE.active:   # the answer calling its own functions
         yield
         return
@@ -177,7 +180,8 @@ def guarding(spec):
         for fn, why in refused_functions(spec).items():
             name = f"{fn.__module__}.{fn.__qualname__}"
             STATE.why[name], saved[fn] = why, fn.__code__
-            fn.__code__ = refusing.__code__.replace(co_name=fn.__name__, co_qualname=fn.__qualname__, co_filename=name)
+            fn.__code__ = refusing.__code__.replace(co_name=fn.__name__, co_qualname=fn.__qualname__,
+                                                    co_filename=name)
         yield
     finally:
         for fn, code in saved.items():
@@ -186,7 +190,8 @@ def guarding(spec):
 
 
 def guarded(spec, answer):
-    """The answer's functions, run under the guard: what they raise is the answer's; a refusal they caught fails too."""
+    """The answer's functions under the guard: what they raise is the answer's; so is a refusal
+    they caught."""
     def wrap(fn):
         @functools.wraps(fn)
         def answer_function(*args, **kwargs):
@@ -201,13 +206,14 @@ def guarded(spec, answer):
                 raise STATE.refusals[-1]
             return value
         return answer_function
-    return SimpleNamespace(**{name: fn if answer.trusted else wrap(fn) for name, fn in answer.functions.items()})
+    return SimpleNamespace(**{name: fn if answer.trusted else wrap(fn)
+                              for name, fn in answer.functions.items()})
 
 
 @contextlib.contextmanager
 def crashes(what):
-    """Around checker code that runs the answer's code or uses what it returned: what the answer raises fails it (the
-    stub's bare NotImplementedError: not started)."""
+    """Around checker code that runs the answer or uses its output: what the answer raises fails
+    it, as "{what}: ..." (the stub's bare NotImplementedError: not started)."""
     try:
         yield
     except Exception as e:
@@ -215,17 +221,12 @@ def crashes(what):
             raise
         if isinstance(e, NotImplementedError) and not str(e):
             raise NotStarted(e) from e
-        if "leaf Variable that requires grad is being used in an in-place operation" in str(e):
-            what = what.replace("(crash)", "(inputs)").replace("crashed", "changes an input in place")
+        if "leaf Variable that requires grad is being used in an in-place" in str(e):
+            what = what.replace("(crash)", "(inputs)").replace("crashed", "writes into an input")
         if isinstance(e, Refused):
-            what = what.replace("(crash)", "(refused)").replace("crashed", "calls what the checker refuses")
-        raise Fail(f"{what}: {e if isinstance(e, Refused) else 'your code raised ' + one_line(e)}{answer_line(e)}"
-                   f"{memory(e)}") from e
-
-
-def memory(error):
-    return " (your code asked for more memory than this computer has, at this input's size)" if isinstance(
-        error, MemoryError) or "can't allocate memory" in str(error) else ""
+            what = what.replace("(crash)", "(refused)").replace("crashed", "calls a refused function")
+        raise Fail(f"{what}: {e if isinstance(e, Refused) else 'your code raised ' + one_line(e)}"
+                   f"{answer_line(e)}") from e
 
 
 # The contract
@@ -234,7 +235,7 @@ RUNS = {}   # the reference's runs, kept for the process: (its function, input, 
 
 
 def check(spec, impl, summary=True, **options):
-    """The contract on every function of spec, then its PROPERTIES, then its after_pass, in one CPU thread."""
+    """The contract on every function of spec, then its PROPERTIES and after_pass: one thread."""
     threads, start = torch.get_num_threads(), time.perf_counter()
     torch.set_num_threads(1)
     try:
@@ -244,35 +245,36 @@ def check(spec, impl, summary=True, **options):
 
 
 def run(spec, impl, summary, options):
-    answer = impl if isinstance(impl, Answer) else Answer({f: getattr(impl, f) for f in spec.FUNCTIONS},
-                                                         trusted=impl is spec.REFERENCE)
-    if answer.problem or not answer.started:
-        return Result("FAIL", f"FAIL. {answer.problem}") if answer.problem else Result("not started",
-                                                                                       not_started(answer.path))
+    answer = impl if isinstance(impl, Answer) else Answer(
+        {f: getattr(impl, f) for f in spec.FUNCTIONS}, trusted=impl is spec.REFERENCE)
+    if answer.problem:
+        return Result("FAIL", f"FAIL. {answer.problem}")
+    if not answer.started:
+        return Result("not started", not_started(answer.path))
     functions = guarded(spec, answer)
     try:
         for name in spec.FUNCTIONS:
             contract(spec, name, getattr(functions, name))
         for prop in getattr(spec, "PROPERTIES", ()):   # each docstring's first line names it
             with crashes(f"({prop.__doc__.splitlines()[0]})"):
-                problem = prop(functions, **options)
-            judge(prop.__doc__.splitlines()[0], "", problem)
-        with crashes("the summary of your answer"):
-            return Result("PASS", spec.after_pass(functions, **options) if summary and hasattr(spec, "after_pass") else "")
+                judge(prop.__doc__.splitlines()[0], "", prop(functions, **options))
+        with crashes("(the summary of your answer)"):
+            summary = summary and hasattr(spec, "after_pass") and spec.after_pass(functions, **options)
+            return Result("PASS", summary or "")
     except Fail as e:
         return Result("FAIL", f"FAIL {e}")
     except NotStarted as e:
         return Result("not started", not_started(answer.path, e.args[0]))
     except NotReady as e:
         return Result("waiting", str(e))
-    except Exception as e:   # the checker's own code (a KeyboardInterrupt is no Exception: it stops the check)
+    except Exception as e:   # the checker's own code (a KeyboardInterrupt stops the check)
         return Result("ERROR", f"ERROR. The checker's own code failed, not your code: {one_line(e)}"
-                               f"{answer_line(e, lambda f: f.startswith(str(HERE)))}\n  This is a bug in the checker: "
-                               "please show this message to your teacher.")
+                      f"{answer_line(e, lambda f: f.startswith(str(HERE)))}\n  This is a bug in "
+                      "the checker: please show this message to your teacher.")
 
 
 def contract(spec, name, fn):
-    """The function's inputs, smallest first: on each, the answer agrees with the reference on every property."""
+    """On each input, smallest first, the answer agrees with the reference on every property."""
     drawn = draws(spec.DOMAIN[name])
     again = {round(len(drawn) * (k + 1) / (REPEATS + 1)) for k in range(REPEATS)}
     for i, params in enumerate(drawn):
@@ -288,6 +290,11 @@ def contract(spec, name, fn):
             repeat(spec, name, fn, params, inputs, mine, at)
 
 
+def judge(prop, at, problem):
+    if problem:
+        raise Fail(f"({prop}): {at}{problem}")
+
+
 def reference(spec, name, params, seed=0):
     key = (getattr(spec.REFERENCE, name), repr(params), seed)
     if key not in RUNS:
@@ -296,9 +303,9 @@ def reference(spec, name, params, seed=0):
 
 
 def observe(fn, inputs, params):
-    """fn called on inputs: its output, the inputs before and after, the gradients of the floating inputs and the
-    parameters where the output requires grad (in float64, inputs up to 1e3: a saturated softmax's are inexact). What it
-    raises is fn's (the answer's; the reference's are the checker's errors)."""
+    """fn called on inputs: its output, the inputs before and after, the gradients of the floating
+    inputs and the weights where the output requires grad (in float64, inputs up to 1e3: a
+    saturated softmax's are inexact). What it raises is fn's."""
     try:
         before = snapshot(inputs)
         torch.manual_seed(0)   # dropout: the same masks for the reference and the answer
@@ -306,12 +313,12 @@ def observe(fn, inputs, params):
             out = fn(**inputs)
         outs, grads = [t for t in tensors(out) if t.requires_grad], None
         if outs and all(t.dtype == torch.float64 and not t.is_meta for t in outs) and all(
-                x.abs().max() <= 1e3 for x in tensors(list(inputs.values())) if x.is_floating_point() and x.numel()):
-            wrt = {f"`{k}`": x for k, x in inputs.items() if isinstance(x, torch.Tensor) and x.requires_grad}
+                x.numel() == 0 or x.abs().max() <= 1e3 for x in tensors(list(inputs.values()))):
+            wrt = {f"`{k}`": x for k, x in inputs.items() if getattr(x, "requires_grad", False)}
             wrt.update({f"`{k}.{n}`": p for k, m in inputs.items() if isinstance(m, nn.Module)
                         for n, p in m.named_parameters() if p.requires_grad})
             g = torch.Generator().manual_seed(1)
-            dy = [torch.randn(t.shape, generator=g, dtype=torch.float64).to(t.dtype) for t in outs]
+            dy = [torch.randn(t.shape, generator=g, dtype=t.dtype) for t in outs]
             found = torch.autograd.grad(outs, list(wrt.values()), dy, allow_unused=True)
             grads = {k: torch.zeros_like(x) if d is None else d for (k, x), d in zip(wrt.items(), found)}
         return Run(out, before, snapshot(inputs), grads)
@@ -320,27 +327,24 @@ def observe(fn, inputs, params):
         raise
 
 
-def judge(prop, at, problem):
-    if problem:
-        raise Fail(f"({prop}): {at}{problem}")
-
-
 def autograd(mine, ref):
     flags = lambda out: [t.requires_grad for t in tensors(out)]
     if flags(mine.out) != flags(ref.out):
-        ask = "no step runs under torch.no_grad() or .detach()" if any(flags(ref.out)) else "it runs under torch.no_grad()"
-        return (f"requires_grad of your output's tensors is {flags(mine.out)}, the reference's {flags(ref.out)}: "
-                f"check that {ask}, as the reference's does")
-    for k, right in (ref.grads or {}).items():   # to 1e-9 of its largest entry: a saturated softmax's is inexact
-        problem = tensor_difference(mine.grads[k], right, 1e-9 * max(1.0, float(right.abs().max())) if right.numel() else 0)
+        ask = "no step runs under torch.no_grad() or .detach()" if any(flags(ref.out)) else \
+            "it runs under torch.no_grad()"
+        return (f"requires_grad of your output's tensors is {flags(mine.out)}, the reference's "
+                f"{flags(ref.out)}: check that {ask}, as the reference's does")
+    for k, right in (ref.grads or {}).items():   # to 1e-9 of its largest entry
+        atol = 1e-9 * max(1.0, right.abs().max().item() if right.numel() else 0.0)
+        problem = tensor_difference(mine.grads[k], right, atol)
         if problem:
-            return (f"the gradient of {k} (of a random weighted sum of the output) differs: {problem}: does a step leave "
-                    "autograd?")
+            return (f"the gradient of {k} (of a random weighted sum of the output) differs: "
+                    f"{problem}: does a step leave autograd?")
 
 
 def changes(mine, ref):
-    """How the answer left its inputs otherwise than the reference left its own, in words, or None: as they were where
-    the reference leaves them so, else as the reference leaves them."""
+    """How the answer left its inputs otherwise than the reference left its own, in words, or
+    None: as they were where the reference leaves them so, else as the reference leaves them."""
     for path in dict.fromkeys([*ref.after, *mine.after]):
         kept = not difference(ref.after.get(path, GONE), ref.before.get(path, GONE))
         right, now = (mine.before if kept else ref.after).get(path, GONE), mine.after.get(path, GONE)
@@ -348,30 +352,32 @@ def changes(mine, ref):
             return f"`{path}` is {'new' if right is GONE else 'gone'}"
         problem = difference(now, right, "yours")
         if problem:
-            return f"`{path}` {'changed' if kept else 'is left otherwise than by the reference'}: {problem}"
+            return f"`{path}` {'changed' if kept else 'is not as the reference leaves it'}: {problem}"
 
 
 def repeat(spec, name, fn, params, inputs, mine, at):
-    """Called again: after the caller changed the first output in place; then after the inputs changed in place."""
+    """Called again: after the caller changed the first output in place, then after the inputs
+    changed in place."""
     with torch.no_grad():
         spoil(mine.out)
-    judge("inputs", at.format("shares memory with its inputs: changing its output in place changed them"),
-          changes(Run(None, mine.after, snapshot(inputs), None), Run(None, mine.after, mine.after, None)))
+    shared = changes(Run(None, mine.after, snapshot(inputs), None), mine._replace(before=mine.after))
+    judge("inputs", at.format("shares memory with its inputs: changing its output changed them"),
+          shared)
     inputs = make(spec, name, params)
     with crashes(f"(repeats): {at.format('crashed when called again')[:-4]}"):
-        again = observe(fn, inputs, params)
-        judge("repeats", at.format("differs when called again (after the caller changed its first output in place)"),
-              difference(again.out, reference(spec, name, params).out))
+        judge("repeats", at.format("differs when called again (after the caller changed its first "
+                                   "output in place)"),
+              difference(observe(fn, inputs, params).out, reference(spec, name, params).out))
         with torch.no_grad():
             assign(inputs, make(spec, name, params, seed=1))
-        judge("repeats", at.format("differs when called again after its inputs changed in place (new values in the "
-                                   "same tensors, modules, files)"),
-              difference(observe(fn, inputs, params).out, reference(spec, name, params, seed=1).out))
+        judge("repeats", at.format("differs when called again after its inputs changed in place "
+                                   "(new values in the same tensors, modules, files)"),
+              difference(observe(fn, inputs, params).out, reference(spec, name, params, 1).out))
 
 
 def draws(domain, seed=0):
-    """The domain's inputs: from POOL random draws, greedily those that hold every value of every parameter (and every
-    two values of its pairs) not held yet, then `draws` random ones; smallest first."""
+    """The domain's inputs: of POOL random draws, greedily those holding values (and pairs of
+    values) not held yet, then `draws` random ones; smallest first, those on meta last."""
     rng, names = random.Random(seed), list(domain.params)
     pairs = list(itertools.combinations(names, 2)) if domain.pairs is True else domain.pairs
 
@@ -388,15 +394,15 @@ def draws(domain, seed=0):
     while (best := max(pool, key=lambda d: len(d[1] - held)))[1] - held:
         chosen.append(best[0])
         held |= best[1]
-    chosen += [params for params, _ in pool[:domain.draws]]
-    size = lambda params: sum(abs(x) for v in params.values() for x in (v if isinstance(v, tuple) else (v,))
-                              if isinstance(x, (int, float)) and not isinstance(x, bool))
-    return sorted({repr(p): p for p in chosen}.values(), key=lambda params: ("meta" in params.values(), size(params)))
+    numbers = lambda p: [x for v in p.values() for x in (v if isinstance(v, tuple) else (v,))
+                         if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    return sorted({repr(p): p for p in chosen + [p for p, _ in pool[:domain.draws]]}.values(),
+                  key=lambda p: ("meta" in p.values(), sum(map(abs, numbers(p)))))
 
 
 def make(spec, name, params, seed=0):
-    """The call's arguments for params: moved to params' place, converted to its dtype, floating tensors made leaves
-    that require grad, strings made at run time (so `is` against a literal is False, as for a string read from a file)."""
+    """The call's arguments for params: on params' place, in its dtype, floating tensors leaves that
+    require grad, strings made at run time (`is` against a literal is False, as for one read)."""
     domain, names = spec.DOMAIN[name], inspect.signature(getattr(spec.REFERENCE, name)).parameters
     inputs = {**params, **(domain.build(seed=seed, **params) if domain.build else {})}
     return {k: fresh(inputs[k], params) for k in names if k in inputs}
@@ -409,34 +415,33 @@ def fresh(x, params):
         x = x.to(params["place"]) if "place" in params else x
         if params.get("dtype") and (isinstance(x, nn.Module) or x.is_floating_point()):
             x = x.to(params["dtype"])
-        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.device.type != "meta":
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and not x.is_meta:
             x = x.detach().requires_grad_()
     for config in [x, getattr(x, "config", None)]:
-        for field in dataclasses.fields(config) if dataclasses.is_dataclass(config) and not isinstance(config, type) else ():
-            if isinstance(getattr(config, field.name), str):
-                setattr(config, field.name, fresh(getattr(config, field.name), params))
+        if dataclasses.is_dataclass(config) and not isinstance(config, type):
+            for field in (f.name for f in dataclasses.fields(config)):
+                if isinstance(getattr(config, field), str):
+                    setattr(config, field, fresh(getattr(config, field), params))
     return x
 
 
 def tensors(out):
-    if isinstance(out, torch.Tensor):
-        return [out]
     parts = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else []
-    return [t for part in parts for t in tensors(part)]
+    return [out] if isinstance(out, torch.Tensor) else [t for part in parts for t in tensors(part)]
 
 
 def spoil(out):
-    """Change out in place, as a caller may: its tensors, a module's parameters, a list or a dict."""
+    """Change out in place, as a caller may: its tensors, a module's weights, a list, a dict."""
     for t in tensors(out) + (list(out.parameters()) if isinstance(out, nn.Module) else []):
-        if t.device.type != "meta":
+        if not t.is_meta:
             t.data.logical_not_() if t.dtype == torch.bool else t.data.add_(1)
     if isinstance(out, (list, dict)):
         out.append(None) if isinstance(out, list) else out.setdefault(object(), None)
 
 
 def assign(old, new):
-    """new's contents put into old, in place wherever old can change: tensors, modules, containers, an object's
-    attributes, a folder's files. Returns what old's holder holds now."""
+    """new's contents put into old, in place where old can change: tensors, modules, containers,
+    an object's attributes, a folder's files. Returns what old's holder holds now."""
     if isinstance(old, torch.Tensor):
         old.data = new.data
     elif isinstance(old, nn.Module):
@@ -462,25 +467,25 @@ GONE = object()   # what is at a path that is not there
 
 
 def flat(x, path=""):
-    """x as {path: value}: a tensor's copy (and requires_grad), another value, a container's type and its parts (a
-    module's: its weights, its submodules' public attributes such as mode and config, and their number of hooks; an
+    """x as {path: value}: a tensor's copy and requires_grad, another value, a container's type and
+    parts (a module's: its weights, and its submodules' public attributes and number of hooks; an
     object's: its public attributes)."""
     if isinstance(x, torch.Tensor):
-        return {path: x.detach().clone() if x.device.type != "meta" else x.detach(), f"{path}.requires_grad": x.requires_grad}
+        return {path: x.detach() if x.is_meta else x.detach().clone(),
+                f"{path}.requires_grad": x.requires_grad}
     if isinstance(x, nn.Module):
         found = {f".{k}": v for k, v in x.state_dict(keep_vars=True).items()}
         for name, module in x.named_modules():
-            prefix = f".{name}" if name else ""
-            found.update({f"{prefix}.{k}": v for k, v in vars(module).items() if not k.startswith("_")})
-            found[f"{prefix}.hooks"] = sum(len(v) for k, v in vars(module).items() if k.endswith("hooks") and isinstance(v, dict))
+            prefix, hooks = f".{name}" if name else "", vars(module).items()
+            found.update({f"{prefix}.{k}": v for k, v in hooks if not k.startswith("_")})
+            found[f"{prefix}.hooks"] = sum(len(v) for k, v in hooks if isinstance(v, dict) and
+                                           k.endswith("hooks"))
     elif isinstance(x, (dict, list, tuple)):
         found = {f"[{k!r}]": v for k, v in (x.items() if isinstance(x, dict) else enumerate(x))}
-    elif isinstance(x, weakref.ref):
-        return {path: type(x)}
-    elif is_object(x):
+    elif is_object(x) and not isinstance(x, weakref.ref):
         found = {f".{k}": v for k, v in vars(x).items() if not k.startswith("_")}
     else:
-        return {path: x}
+        return {path: type(x) if isinstance(x, weakref.ref) else x}
     kept = {path: type(x)}
     for key, part in found.items():
         kept.update(flat(part, path + key))
@@ -491,107 +496,87 @@ def snapshot(inputs):
     return {path: v for name, x in inputs.items() for path, v in flat(x, name).items()}
 
 
+def is_object(x):
+    """Compared by its public attributes (a module, a KVCache, a config): no tensor, path, function."""
+    return isinstance(x, nn.Module) or hasattr(x, "__dict__") and not callable(x) and \
+        not isinstance(x, (torch.Tensor, os.PathLike))
+
+
 def difference(out, ref, label="your output"):
-    """What differs between out and ref, in words, or None: their forms first (the type; a tensor's shape, dtype and
-    device; a container's length or keys, and its items' forms; a module's or object's attributes), then their values
-    (to TOLERANCE)."""
-    if is_object(ref):
-        if type(out) is not type(ref):
-            return f"{label} is {describe(out)}, expected {describe(ref)}"
+    """What differs between out and ref, in words, or None: the form (type; a tensor's shape, dtype,
+    device; a container's length or keys; an object's attributes), then values (to TOLERANCE)."""
+    if is_object(ref) and type(out) is type(ref):
         out, ref = flat(out), flat(ref)
-    if isinstance(ref, (tuple, list, dict)):
-        if not isinstance(out, dict if isinstance(ref, dict) else (tuple, list)) or len(out) != len(ref):
-            both = f": yours {short(out)}, the reference {short(ref)}" if len(short(out) + short(ref)) < 120 else ""
-            return f"{label} is {describe(out)}, expected {describe(ref)}{both}"
-        if isinstance(ref, dict) and set(out) != set(ref):
-            return (f"{label} has the keys {short(sorted(map(str, set(out) - set(ref))), 100)} too many, "
-                    f"{short(sorted(map(str, set(ref) - set(out))), 100)} missing")
-        keys = list(ref) if isinstance(ref, dict) else range(len(ref))
-        for values in (False, True):   # every item's form, then every item's values
-            for k in keys:
-                problem = difference(out[k], ref[k], "yours") if values or form(out[k], ref[k]) else None
-                if problem:
-                    return f"{label} at [{k!r}]: {problem}" if isinstance(ref, dict) else f"{label} at item {k}: {problem}"
-        return None
-    problem = form(out, ref)
-    if problem:
-        return f"{label} {problem}"
-    if isinstance(ref, torch.Tensor):
+    if isinstance(ref, torch.Tensor) and isinstance(out, torch.Tensor):
+        for what, mine, theirs in (("shape", tuple(out.shape), tuple(ref.shape)),
+                                   ("dtype", out.dtype, ref.dtype),
+                                   ("device", out.device.type, ref.device.type)):
+            if mine != theirs:
+                return f"{label} has {what} {mine}, expected {theirs}"
         return tensor_difference(out, ref)
-    if out == ref or out != out and ref != ref or isinstance(ref, float) and math.isclose(out, ref, abs_tol=1e-12):
+    if type(out) is not type(ref) and not (type(ref) is float and type(out) is int) or isinstance(
+            ref, (tuple, list, dict)) and (len(out) != len(ref) or isinstance(ref, dict) and set(out) != set(ref)):
+        both = f": yours {short(out)}, the reference {short(ref)}" if len(short(out) + short(ref)) < 120 else ""
+        return f"{label} is {describe(out)}, expected {describe(ref)}{both}"
+    if isinstance(ref, (tuple, list, dict)):
+        for k in ref if isinstance(ref, dict) else range(len(ref)):
+            problem = difference(out[k], ref[k], "yours")
+            if problem:
+                return f"{label} at {[k] if isinstance(ref, dict) else f'item {k}'}: {problem}"
+        return None
+    if out == ref or out != out and ref != ref or isinstance(ref, float) and math.isclose(
+            out, ref, abs_tol=1e-12):
         return None
     return f"{label} {short(out)}, the reference {short(ref)}"
 
 
-def form(out, ref):
-    if isinstance(ref, torch.Tensor):
-        if not isinstance(out, torch.Tensor):
-            return f"is {describe(out)}, expected {describe(ref)}"
-        for what, mine, theirs in (("shape", tuple(out.shape), tuple(ref.shape)), ("dtype", out.dtype, ref.dtype),
-                                   ("device", out.device.type, ref.device.type)):
-            if mine != theirs:
-                return f"has {what} {mine}, expected {theirs}"
-    elif type(out) is not type(ref) and not (type(ref) is float and type(out) is int):
-        return f"is {describe(out)}, expected {describe(type(ref)) if ref is not None else 'None'}"
-    return None
-
-
-def is_object(x):
-    """An object compared by its public attributes (a module, a KVCache, a config): not a tensor, a path, a function."""
-    return isinstance(x, nn.Module) or hasattr(x, "__dict__") and not callable(x) and not isinstance(x, (torch.Tensor, os.PathLike))
-
-
 def tensor_difference(out, ref, atol=None):
-    if "meta" in (out.device.type, ref.device.type):
-        return None   # no values on meta: the form is all there is
+    """How out's values differ from ref's (to TOLERANCE; none on meta), in words, or None."""
+    if out.is_meta or ref.is_meta:
+        return None
     tol, rtol = TOLERANCE.get(ref.dtype, (0.0, 0.0))
-    atol = tol if atol is None else atol
-    out, ref = out.detach(), ref.detach()
+    out, ref, atol = out.detach(), ref.detach(), tol if atol is None else atol
     bad = ~torch.isclose(out, ref, rtol=rtol, atol=atol, equal_nan=True)
     if not bad.any():
         return None
     gap = torch.where(bad, (out.double() - ref.double()).abs().nan_to_num(nan=math.inf), -1.0)
-    at = tuple(int(i) for i in torch.nonzero(gap == gap.max())[0])   # the index of the largest difference
-    text = f"{int(bad.sum())} of {bad.numel()} entries differ"
-    if not ref.is_floating_point():
-        first = tuple(int(i) for i in torch.nonzero(bad)[0])
-        return f"{text}; the first at index {first}: yours {out[first].item()}, the reference {ref[first].item()}"
-    return (f"{text}; the largest difference, {gap[at]:.3g}, at index {at}: yours {out[at].item():.6g}, the reference "
-            f"{ref[at].item():.6g}; allowed {atol:g} + {rtol:g} x |reference|")
+    at = tuple(int(i) for i in torch.nonzero(gap == gap.max())[0])   # the largest difference
+    allowed = f"; allowed {atol:g} + {rtol:g} x |reference|" if ref.is_floating_point() else ""
+    return (f"{int(bad.sum())} of {bad.numel()} entries differ, the most at index {at}: yours "
+            f"{out[at].item():.6g}, the reference {ref[at].item():.6g}{allowed}")
 
 
 def describe(value):
-    """The value's kind in words: "a tensor of shape (2, 3) (torch.float32)", "a list of 2 items", "an int (3)"."""
+    """The value's kind in words: "a tensor of shape (2, 3) (torch.float32)", "an int (3)"."""
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)} ({value.dtype})"
-    if isinstance(value, (tuple, list, dict)):
-        return f"a {type(value).__name__} of {len(value)} items"
     name = (value if isinstance(value, type) else type(value)).__name__
-    scalar = isinstance(value, (bool, int, float, str, type(None)))
-    return ("an " if name[0] in "aeiouAEIOU" else "a ") + name + (f" ({short(value, 60)})" if scalar else "")
+    more = f" of {len(value)} items" if isinstance(value, (tuple, list, dict)) else f" ({short(value, 60)})" \
+        if isinstance(value, (bool, int, float, str)) else ""
+    return ("an " if name[0] in "aeiouAEIOU" else "a ") + name + more
 
 
 def short(x, limit=160):
-    text = f"a tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) and (x.numel() > 12 or x.is_meta) else \
-        repr(x.tolist() if isinstance(x, torch.Tensor) else x)
+    big = isinstance(x, torch.Tensor) and (x.numel() > 12 or x.is_meta)
+    text = f"a tensor of shape {tuple(x.shape)}" if big else repr(
+        x.tolist() if isinstance(x, torch.Tensor) else x)
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def call_text(name, inputs, params):
-    """The call in words: its arguments (a small tensor's values), then the domain's other parameters."""
+    """The call in words: its arguments (a small integer tensor's values), the other parameters."""
     more = [f"{k}={show(v)}" for k, v in params.items() if k not in inputs]
-    shown = [f"{k}={show(params[k] if k in params and is_object(v) else v)}" for k, v in inputs.items()]
-    return f"{name}({', '.join(shown)})" + (f", drawn with {', '.join(more)}" if more else "")
+    args = [f"{k}={show(params[k] if k in params and is_object(v) else v)}" for k, v in inputs.items()]
+    return f"{name}({', '.join(args)})" + (f", drawn with {', '.join(more)}" if more else "")
 
 
 def show(x):
+    if isinstance(x, torch.Tensor) and (x.numel() > 12 or x.is_meta or x.is_floating_point()):
+        return f"<{'x'.join(map(str, x.shape)) or '0-d'} {str(x.dtype)[6:]} tensor" + \
+            " on meta>" * x.is_meta + ">" * (not x.is_meta)
     if isinstance(x, torch.Tensor):
-        if x.numel() <= 12 and not x.is_meta and not x.is_floating_point():
-            return f"torch.tensor({x.tolist()}{'' if x.dtype == torch.int64 else ', dtype=' + str(x.dtype)})"
-        return f"<{'x'.join(map(str, x.shape)) or '0-d'} {str(x.dtype)[6:]} tensor{' on meta' * x.is_meta}>"
-    if is_object(x):
-        return f"<{type(x).__name__}>"
-    return str(x) if isinstance(x, torch.dtype) else repr(x)
+        return f"torch.tensor({x.tolist()}" + (f", dtype={x.dtype})" if x.dtype != torch.int64 else ")")
+    return f"<{type(x).__name__}>" if is_object(x) else str(x) if isinstance(x, torch.dtype) else repr(x)
 
 
 def one_line(error):
@@ -615,20 +600,22 @@ def answer_line(error, mine=lambda filename: filename in ANSWER_FILES):
 
 def not_started(path, error=None):
     frame = traceback.extract_tb(error.__traceback__)[-1] if error is not None else None
-    how = f"Start it with `python -m exercises start {int(Path(path).name[2:4])}` (it copies the stub to " \
-        "exercises/mine/), then open that file, read its docstring, and write it." if Path(path).resolve().parent == \
-        STUBS else "Open the file, read its docstring, and write it."
-    return (f"not started: {f'`{frame.name}` in {relpath(frame.filename)}' if frame else relpath(path)} still raises "
-            f"NotImplementedError. {how}")
+    how = "Open the file, read its docstring, and write it."
+    if Path(path).resolve().parent == STUBS:
+        how = f"Start it with `python -m exercises start {int(Path(path).name[2:4])}` (it copies " \
+            "the stub to exercises/mine/), then open that file, read its docstring, and write it."
+    what = f"`{frame.name}` in {relpath(frame.filename)}" if frame else relpath(path)
+    return f"not started: {what} still raises NotImplementedError. {how}"
 
 
 # What the checks share: tiny models drawn in float64, inputs, a model with the answer patched in
 
 def tiny_model(attn="orthros", seed=0, **overrides):
-    """A tiny model in eval mode, its weights drawn in float64 (what float32 cannot hold), vectors and conv moved; up to
-    64 channels, W_Q, W_K, W_O 16 times GPT-2's init: attention sharp and strong enough that positions move the logits."""
-    config = orthros.OrthrosConfig(**{**dict(vocab_size=37, n_layer=2, n_head=2, n_embd=16, window=4, attn=attn,
-                                             max_seq_len=512), **overrides})
+    """A tiny model in eval mode, its weights drawn in float64 (what float32 cannot hold), vectors
+    and conv moved; up to 64 channels, W_Q, W_K, W_O at 16 times GPT-2's init: attention sharp and
+    strong enough that positions move the logits."""
+    config = orthros.OrthrosConfig(**{**dict(vocab_size=37, n_layer=2, n_head=2, n_embd=16, window=4,
+                                             attn=attn, max_seq_len=512), **overrides})
     default = torch.get_default_dtype()
     torch.manual_seed(seed)
     torch.set_default_dtype(torch.float64)
@@ -638,29 +625,31 @@ def tiny_model(attn="orthros", seed=0, **overrides):
             for name, p in model.named_parameters():
                 if p.dim() == 1 or name.endswith("conv.weight"):
                     p.add_(0.5 * torch.randn_like(p))
-                elif name.endswith(("c_q.weight", "c_k.weight", "attn.c_proj.weight")) and config.n_embd <= 64:
-                    p.mul_(16)
+                elif name.endswith(("c_q.weight", "c_k.weight", "attn.c_proj.weight")):
+                    p.mul_(16 if config.n_embd <= 64 else 1)
     finally:
         torch.set_default_dtype(default)
     return model
 
 
-# The zoo: tiny_model's overrides for each option of orthros.py. Every checker that takes a model draws from it, so a
-# new option reaches every exercise as one more member here.
-LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)
+# The zoo: tiny_model's overrides for each option of orthros.py. Every checker that takes a model
+# draws from it, so a new option reaches every exercise as one more member here.
+LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+              original_max_position_embeddings=64)
 ZOO = {"the original": {},
-       "Llama-like: untied head, n_head=4 with n_kv_head=2 (GQA), SwiGLU, Q/K/V biases, norm_eps=1e-5, rope_base=5e5, "
-       "llama3 RoPE scaling": dict(tie_embeddings=False, n_head=4, n_kv_head=2, mlp="swiglu", mlp_hidden=40, qkv_bias=True,
-                                   norm_eps=1e-5, rope_base=500000.0, rope_scaling=LLAMA3),
+       "Llama-like: untied head, n_head=4 with n_kv_head=2 (GQA), SwiGLU, Q/K/V biases, norm_eps="
+       "1e-5, rope_base=5e5, llama3 RoPE scaling": dict(
+           tie_embeddings=False, n_head=4, n_kv_head=2, mlp="swiglu", mlp_hidden=40, qkv_bias=True,
+           norm_eps=1e-5, rope_base=500000.0, rope_scaling=LLAMA3),
        "scale_offset=False (the paper's w/o SO)": dict(scale_offset=False),
        "dropout=0.1, in eval mode": dict(dropout=0.1), "conv_kernel=3": dict(conv_kernel=3),
-       "3 layers, n_head=4, C=24, w=3, rope_base=500, vocab_size=50, seed 1": dict(n_layer=3, n_head=4, n_embd=24, window=3,
-                                                                                  rope_base=500.0, vocab_size=50, seed=1)}
+       "3 layers, n_head=4, C=24, w=3, rope_base=500, vocab_size=50, seed 1": dict(
+           n_layer=3, n_head=4, n_embd=24, window=3, rope_base=500.0, vocab_size=50, seed=1)}
 
 
 @functools.cache
 def member(name, attn="orthros", seed=0, **more):
-    """The zoo's member as a tiny model, more overrides on top (made once a process: deep-copy it)."""
+    """The zoo's member as a tiny model, more overrides on top (made once: deep-copy it)."""
     overrides = {**ZOO[name], **more}
     return tiny_model(attn, seed=overrides.pop("seed", 0) + seed, **overrides)
 
@@ -673,15 +662,15 @@ def randn(*shape, seed=0):
     return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
 
 
-def patched_logits(answer, models, **patch):
-    """What differs when orthros.py's functions are the answer's (patch: {name in orthros: the answer's function}):
-    each (attn, swa_impl, T, w, t_out) model's logits, in words, or None."""
+def patched_logits(models, **patch):
+    """What differs, in words, when orthros.py's functions are the answer's (patch: {name: the
+    answer's function}), in the logits of each (attn, swa_impl, T, w, t_out) model; or None."""
     for attn, swa_impl, T, w, t_out in models:
         model, idx = tiny_model(attn, window=w, swa_impl=swa_impl), tokens(2, T)
         with torch.no_grad():
             right = model(idx, t_out=t_out)[0]
-            with mock.patch.multiple(orthros, **patch), crashes(f"a model with yours in orthros.py"):
+            with mock.patch.multiple(orthros, **patch):
                 problem = difference(model(idx, t_out=t_out)[0], right, "the logits")
         if problem:
-            return f"a model's logits with yours patched into orthros.py (attn={attn!r}, swa_impl={swa_impl!r}, T={T}, " \
-                   f"w={w}, t_out={t_out}): {problem}"
+            return (f"a model's logits with yours patched into orthros.py (attn={attn!r}, swa_impl="
+                    f"{swa_impl!r}, T={T}, w={w}, t_out={t_out}): {problem}")

@@ -55,7 +55,7 @@ DOMAIN = {
 
 def whole_models(answer, **options):
     """whole models with yours patched into orthros.py"""
-    return patched_logits(answer, [("orthros", "dense", 21, 4, 5), ("swa", "blocked", 21, 4, 21),
+    return patched_logits([("orthros", "dense", 21, 4, 5), ("swa", "blocked", 21, 4, 21),
                                    ("orthros", "blocked", 300, 128, 37)],
                           in_window=answer.in_window, attention_mask=answer.attention_mask)
 

@@ -54,7 +54,7 @@ DOMAIN = {"blocked_sliding_window_attention": Domain(
 
 def whole_models(answer, **options):
     """whole models with yours patched into orthros.py"""
-    return patched_logits(answer, [("swa", "blocked", 27, 4, 27), ("orthros", "blocked", 27, 4, 5)],
+    return patched_logits([("swa", "blocked", 27, 4, 27), ("orthros", "blocked", 27, 4, 5)],
                           blocked_sliding_window_attention=answer.blocked_sliding_window_attention)
 
 
