@@ -102,6 +102,13 @@ def solved_source(spec):
     return (SOLUTIONS / f"{spec.__name__.rsplit('.', 1)[-1]}.py").read_text()
 
 
+def hints(spec):
+    """The exercise's hints: in exercises/hints.md, its section "## exNN_name", each "### k"."""
+    section = (HERE / "hints.md").read_text().split(f"\n## {spec.__name__.rsplit('.', 1)[-1]}\n")
+    hints = section[-1].split("\n## ")[0].split("\n### ")[1:]
+    return [hint.split("\n", 1)[1].strip() for hint in hints]
+
+
 # Answers, and the guard: while the answer's code runs, each refused function's code raises
 
 _loaded, ANSWER_FILES = itertools.count(), set()   # ANSWER_FILES: their frames are the student's
@@ -180,8 +187,8 @@ def guarding(spec):
         for fn, why in refused_functions(spec).items():
             name = f"{fn.__module__}.{fn.__qualname__}"
             STATE.why[name], saved[fn] = why, fn.__code__
-            fn.__code__ = refusing.__code__.replace(co_name=fn.__name__, co_qualname=fn.__qualname__,
-                                                    co_filename=name)
+            fn.__code__ = refusing.__code__.replace(co_name=fn.__name__, co_filename=name,
+                                                    co_qualname=fn.__qualname__)
         yield
     finally:
         for fn, code in saved.items():
@@ -224,7 +231,7 @@ def crashes(what):
         if "leaf Variable that requires grad is being used in an in-place" in str(e):
             what = what.replace("(crash)", "(inputs)").replace("crashed", "writes into an input")
         if isinstance(e, Refused):
-            what = what.replace("(crash)", "(refused)").replace("crashed", "calls a refused function")
+            what = what.replace("(crash)", "(refused)").replace("crashed", "calls what is refused")
         raise Fail(f"{what}: {e if isinstance(e, Refused) else 'your code raised ' + one_line(e)}"
                    f"{answer_line(e)}") from e
 
@@ -259,8 +266,8 @@ def run(spec, impl, summary, options):
             with crashes(f"({prop.__doc__.splitlines()[0]})"):
                 judge(prop.__doc__.splitlines()[0], "", prop(functions, **options))
         with crashes("(the summary of your answer)"):
-            summary = summary and hasattr(spec, "after_pass") and spec.after_pass(functions, **options)
-            return Result("PASS", summary or "")
+            told = summary and hasattr(spec, "after_pass") and spec.after_pass(functions, **options)
+            return Result("PASS", told or "")
     except Fail as e:
         return Result("FAIL", f"FAIL {e}")
     except NotStarted as e:
@@ -320,7 +327,8 @@ def observe(fn, inputs, params):
             g = torch.Generator().manual_seed(1)
             dy = [torch.randn(t.shape, generator=g, dtype=t.dtype) for t in outs]
             found = torch.autograd.grad(outs, list(wrt.values()), dy, allow_unused=True)
-            grads = {k: torch.zeros_like(x) if d is None else d for (k, x), d in zip(wrt.items(), found)}
+            grads = {k: torch.zeros_like(x) if d is None else d
+                     for (k, x), d in zip(wrt.items(), found)}
         return Run(out, before, snapshot(inputs), grads)
     except Exception as e:
         e.by_answer = getattr(e, "by_answer", True)
@@ -347,12 +355,14 @@ def changes(mine, ref):
     None: as they were where the reference leaves them so, else as the reference leaves them."""
     for path in dict.fromkeys([*ref.after, *mine.after]):
         kept = not difference(ref.after.get(path, GONE), ref.before.get(path, GONE))
-        right, now = (mine.before if kept else ref.after).get(path, GONE), mine.after.get(path, GONE)
+        right = (mine.before if kept else ref.after).get(path, GONE)
+        now = mine.after.get(path, GONE)
         if GONE in (right, now) and right is not now:
             return f"`{path}` is {'new' if right is GONE else 'gone'}"
         problem = difference(now, right, "yours")
         if problem:
-            return f"`{path}` {'changed' if kept else 'is not as the reference leaves it'}: {problem}"
+            how = "changed" if kept else "is not as the reference leaves it"
+            return f"`{path}` {how}: {problem}"
 
 
 def repeat(spec, name, fn, params, inputs, mine, at):
@@ -360,7 +370,8 @@ def repeat(spec, name, fn, params, inputs, mine, at):
     changed in place."""
     with torch.no_grad():
         spoil(mine.out)
-    shared = changes(Run(None, mine.after, snapshot(inputs), None), mine._replace(before=mine.after))
+    now, then = Run(None, mine.after, snapshot(inputs), None), Run(None, mine.after, mine.after, None)
+    shared = changes(now, then)
     judge("inputs", at.format("shares memory with its inputs: changing its output changed them"),
           shared)
     inputs = make(spec, name, params)
@@ -388,7 +399,8 @@ def draws(domain, seed=0):
                 values = values(**{k: params[k] for k in inspect.signature(values).parameters})
             at[name] = rng.randrange(len(values))
             params[name] = values[at[name]]
-        return params, frozenset([(n, at[n]) for n in names] + [(a, at[a], b, at[b]) for a, b in pairs])
+        held = [(n, at[n]) for n in names] + [(a, at[a], b, at[b]) for a, b in pairs]
+        return params, frozenset(held)
 
     pool, chosen, held = [draw() for _ in range(POOL)], [], set()
     while (best := max(pool, key=lambda d: len(d[1] - held)))[1] - held:
@@ -497,7 +509,7 @@ def snapshot(inputs):
 
 
 def is_object(x):
-    """Compared by its public attributes (a module, a KVCache, a config): no tensor, path, function."""
+    """Compared by its public attributes (a module, KVCache, config): no tensor, path, function."""
     return isinstance(x, nn.Module) or hasattr(x, "__dict__") and not callable(x) and \
         not isinstance(x, (torch.Tensor, os.PathLike))
 
@@ -514,11 +526,12 @@ def difference(out, ref, label="your output"):
             if mine != theirs:
                 return f"{label} has {what} {mine}, expected {theirs}"
         return tensor_difference(out, ref)
-    if type(out) is not type(ref) and not (type(ref) is float and type(out) is int) or isinstance(
-            ref, (tuple, list, dict)) and (len(out) != len(ref) or isinstance(ref, dict) and set(out) != set(ref)):
-        both = f": yours {short(out)}, the reference {short(ref)}" if len(short(out) + short(ref)) < 120 else ""
-        return f"{label} is {describe(out)}, expected {describe(ref)}{both}"
-    if isinstance(ref, (tuple, list, dict)):
+    container = isinstance(ref, (tuple, list, dict))
+    other = type(out) is not type(ref) and not (type(ref) is float and type(out) is int)
+    if other or container and (len(out) != len(ref) or isinstance(ref, dict) and set(out) != set(ref)):
+        both = f": yours {short(out)}, the reference {short(ref)}"
+        return f"{label} is {describe(out)}, expected {describe(ref)}" + both * (len(both) < 140)
+    if container:
         for k in ref if isinstance(ref, dict) else range(len(ref)):
             problem = difference(out[k], ref[k], "yours")
             if problem:
@@ -551,8 +564,8 @@ def describe(value):
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)} ({value.dtype})"
     name = (value if isinstance(value, type) else type(value)).__name__
-    more = f" of {len(value)} items" if isinstance(value, (tuple, list, dict)) else f" ({short(value, 60)})" \
-        if isinstance(value, (bool, int, float, str)) else ""
+    more = f" of {len(value)} items" if isinstance(value, (tuple, list, dict)) else \
+        f" ({short(value, 60)})" if isinstance(value, (bool, int, float, str)) else ""
     return ("an " if name[0] in "aeiouAEIOU" else "a ") + name + more
 
 
@@ -566,7 +579,8 @@ def short(x, limit=160):
 def call_text(name, inputs, params):
     """The call in words: its arguments (a small integer tensor's values), the other parameters."""
     more = [f"{k}={show(v)}" for k, v in params.items() if k not in inputs]
-    args = [f"{k}={show(params[k] if k in params and is_object(v) else v)}" for k, v in inputs.items()]
+    args = [f"{k}={show(params[k] if k in params and is_object(v) else v)}"
+            for k, v in inputs.items()]
     return f"{name}({', '.join(args)})" + (f", drawn with {', '.join(more)}" if more else "")
 
 
@@ -575,8 +589,10 @@ def show(x):
         return f"<{'x'.join(map(str, x.shape)) or '0-d'} {str(x.dtype)[6:]} tensor" + \
             " on meta>" * x.is_meta + ">" * (not x.is_meta)
     if isinstance(x, torch.Tensor):
-        return f"torch.tensor({x.tolist()}" + (f", dtype={x.dtype})" if x.dtype != torch.int64 else ")")
-    return f"<{type(x).__name__}>" if is_object(x) else str(x) if isinstance(x, torch.dtype) else repr(x)
+        return f"torch.tensor({x.tolist()}" + (f", dtype={x.dtype})" if x.dtype != torch.int64
+                                                else ")")
+    return f"<{type(x).__name__}>" if is_object(x) else str(x) if isinstance(
+        x, torch.dtype) else repr(x)
 
 
 def one_line(error):
@@ -614,8 +630,8 @@ def tiny_model(attn="orthros", seed=0, **overrides):
     """A tiny model in eval mode, its weights drawn in float64 (what float32 cannot hold), vectors
     and conv moved; up to 64 channels, W_Q, W_K, W_O at 16 times GPT-2's init: attention sharp and
     strong enough that positions move the logits."""
-    config = orthros.OrthrosConfig(**{**dict(vocab_size=37, n_layer=2, n_head=2, n_embd=16, window=4,
-                                             attn=attn, max_seq_len=512), **overrides})
+    config = orthros.OrthrosConfig(**{**dict(vocab_size=37, n_layer=2, n_head=2, n_embd=16,
+                                             window=4, attn=attn, max_seq_len=512), **overrides})
     default = torch.get_default_dtype()
     torch.manual_seed(seed)
     torch.set_default_dtype(torch.float64)

@@ -12,21 +12,6 @@ FUNCTIONS = ("in_window", "attention_mask")
 REFERENCE = SimpleNamespace(in_window=orthros.in_window, attention_mask=orthros.attention_mask)
 PAPER = "window=128"
 
-HINTS = [
-    "Two conditions, combined with &: the key is not in the future (k_pos <= q_pos), and, when there is a window, it "
-    "is one of the w most recent positions. Query t sees keys t-w+1 ... t: that is w keys, so t - j ranges over 0 ... "
-    "w-1.",
-    "in_window: a causal test, and with a window also a test on the distance q_pos - k_pos (0 for the query's own key,"
-    " w-1 for the oldest key it sees); both are element-wise comparisons that broadcast (n_q, 1) against (1, n_k) to "
-    "(n_q, n_k).\n"
-    "attention_mask: the query positions are the LAST n_q of the n_k positions, n_k-n_q ... n_k-1, as a column (n_q, "
-    "1); the key positions 0 ... n_k-1 as a row (1, n_k); build both on `device`, then one call to in_window. "
-    "(torch.tril, and SDPA's is_causal=True, align top-left: wrong when n_q < n_k.)",
-    "Paper, section 3.1, eq. 4: o_t = sum over j = max(1, t-w+1) ... t of softmax(q_t k_j / sqrt(d)) v_j; eq. 5, the "
-    "output tokens' cross-attention: j = 1 ... t. Algorithm 1, lines 8-9: Flash-Attn(Q, K, V, window_size=W) and "
-    "window_size=inf.",
-]
-
 
 def positions(seed, shape, n, far, dtype, **_):
     """q_pos, k_pos of a shape orthros.py and perf/engine.py pass: queries far + 0 ... n-1; keys 0 ... n-1 and far + 0

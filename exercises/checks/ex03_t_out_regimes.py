@@ -15,19 +15,6 @@ FORBIDDEN = {collate: "data/sft.py's own t_out of a batch, which the checker com
              check_targets: "orthros.py's check of a t_out, which the checker compares yours with"}
 PAPER = "T=2048"
 
-HINTS = [
-    "The output positions are always a suffix: the last t_out columns. So t_out is decided by the leftmost column that"
-    " holds any target, in any row of the batch; everything from there to the end must be an output position. Orthros "
-    "runs a second (output) token for each output position; the baselines have one stream.",
-    "smallest_t_out: targets (B, T) -> one flag per column, (T,): does any row train this column? The first flagged "
-    "column f decides: t_out = T - f. No flagged column: 1 (as prefill). Return a Python int.\n"
-    "tokens_through_layers: Orthros runs its T base tokens plus one output token per output position; the baselines "
-    "run their T tokens and nothing else.",
-    "Paper, section 3.2: Pre-training (T_in = 0, T_out = T), SFT (T_in = T - T_out, T_out >= 1: 'T_out corresponds "
-    "exactly to the total length of the target responses'), Prefilling (T_out = 1), Decoding (T = 1). Algorithm 1, "
-    "line 1: the input is (T + T_out) x d_model. In the repo: data/sft.py, collate.",
-]
-
 
 def accepted(targets, t_out):
     try:

@@ -15,24 +15,6 @@ FORBIDDEN = dict.fromkeys((OrthrosAttention.forward, Block.forward, Orthros.forw
                           "it runs the layer (Algorithm 1) that this exercise asks you to write from its parameters")
 PAPER = "w=128"
 
-HINTS = [
-    "Split z into the base tokens x (the first T rows) and the output tokens x' (the other t_out). Keys and values "
-    "come from x only: they are the KV cache. Both streams use the same W_Q; only their element-wise scale-offsets "
-    "differ. Base queries attend with the window, output queries attend every key up to their own position. Then merge"
-    " heads, concatenate, and apply W_O once.",
-    "Shapes (H heads of D = C / H channels; t_out = z.size(1) - T):\n"
-    "K, V: W_K, W_V on the base rows only -> (B, T, C) each\n"
-    "Q: W_Q on the base rows, then alpha (.) q + beta; Q': W_Q on the output rows, then alpha' (.) q' + beta'\n"
-    "split heads: (B, rows, C) -> (B, H, rows, D)\n"
-    "RoPE on Q and K with the first T rows of cos, sin; on Q' with the last t_out rows; not on V\n"
-    "base attention: Q (B, H, T, D) against K, V with the window's (T, T) mask; output attention: Q' (B, H, t_out, D) "
-    "against the same K, V with the causal (t_out, T) mask, bottom-right aligned\n"
-    "stack the two results along the rows, merge heads back to (B, T + t_out, C), then W_O",
-    "Paper, Algorithm 1: line 3 splits X and X_cross; line 4, K, V <- XW_K, XW_V (the shared KV cache); line 5, Q, "
-    "Q_cross <- alpha (.) (XW_Q) + beta, alpha' (.) (X_cross W_Q) + beta'; lines 8-9, Flash-Attn with window_size=W, "
-    "then window_size=inf; lines 10-12, merge heads, concatenate, Y = OW_O. In orthros.py: OrthrosAttention.forward, "
-    "marks '# Alg. 1, line N'.",
-]
 
 BASE_MASK, OUT_MASK = "attention_mask(T, T, attn.window, z.device)", "attention_mask(t_out, T, None, z.device)"
 SDPA, SDPA_OUT = "F.scaled_dot_product_attention(q, k, v, attn_mask=", "F.scaled_dot_product_attention(q_out, k, v, attn_mask="

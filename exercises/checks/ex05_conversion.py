@@ -23,21 +23,6 @@ REFERENCE = SimpleNamespace(convert=orthros_conversion)
 FORBIDDEN = {Orthros.load_transformer_weights: "orthros.py's own conversion, which this exercise asks you to write"}
 PAPER = "window=128"
 
-HINTS = [
-    "Build a new model from the Transformer's config with two fields changed (attn, window), in the Transformer's "
-    "dtype. Copy every weight by name: the names are the same in both models. The four scale-offsets per layer are the"
-    " only parameters a Transformer lacks: set them to the identity (alpha = alpha' = 1, beta = beta' = 0).",
-    "1. a config: the Transformer's (model.config, a dataclass) with attn and window replaced\n"
-    "2. a new Orthros model of that config, in the Transformer's dtype (float64 here: a float32 copy is not exact)\n"
-    "3. copy every tensor of the Transformer's state dict into the tensor of the same name (copies, never the same "
-    "storage); the new model's scale-offsets are the only names left over\n"
-    "4. without gradients, set alpha and alpha' to ones, beta and beta' to zeros, in every layer's attention\n"
-    "5. leave the Transformer as it was (its weights and its mode)",
-    "Paper, section 4.3 (Conversion Training) and Table 6: 'Orthros Conversion replaces the original full attention "
-    "modules with Orthros Attention', with no new weight matrix (Algorithm 1, line 2: W_Q, W_K, W_V, W_O are the "
-    "Transformer's). In orthros.py: Orthros.load_transformer_weights.",
-]
-
 
 def inputs(seed, transformer, mode, **_):
     return dict(transformer=copy.deepcopy(member(transformer, "transformer", seed)).train(mode == "train"))

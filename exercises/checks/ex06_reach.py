@@ -14,21 +14,6 @@ TITLE, DIFFICULTY, MINUTES = "How far each stream can see", 3, 30
 FUNCTIONS = ("positions_that_change", "swa_reach")
 PAPER = "n_layer=12, window=128"
 
-HINTS = [
-    "Run the model once and keep the logits at position t. Then, for each position j, change one token (the others "
-    "stay), run again, and ask whether the logits at t moved at all. A window of w keys covers the w-1 positions "
-    "before t plus t itself: one layer reaches w-1 back; L layers chain L such hops.",
-    "positions_that_change:\n"
-    "  before = the logits at t of the unchanged input (model(idx)[0] is (1, T, vocab): take column t)\n"
-    "  for each position j: a copy of idx with token j replaced by another token; its logits at t; keep j if they are "
-    "not exactly equal to before (compare with torch.equal, not allclose, in the model's own dtype: after several "
-    "layers the far influence is tiny, but it is not zero)\n"
-    "  never change idx itself: the checker hands you its input and checks that it comes back unchanged\n"
-    "swa_reach: how far back one layer reaches, times the number of layers.",
-    "Paper, eq. 4: o_t sums over j = max(1, t-w+1) ... t, so one layer sees w-1 positions back; eq. 5: the output "
-    "tokens' o'_t sums over j = 1 ... t. Section 3.1: sliding window attention 'to efficiently assimilate local "
-    "context', full cross-attention 'to retrieve global information'.",
-]
 
 AFTER = "model(other)[0][:, t]"
 

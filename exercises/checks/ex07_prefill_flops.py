@@ -18,22 +18,6 @@ FORBIDDEN = dict.fromkeys((flops.forward_flops, flops.prefill_flop_limits, flops
                           "perf/flops.py's FLOP count, which the checker compares yours with: count them yourself")
 PAPER = "the paper's (12 x 768, 6 heads, w=128, V=50304)"
 
-HINTS = [
-    "Count pairs row by row. Without a window, the query at position t sees t + 1 keys; the last n_q queries are t = "
-    "T-n_q ... T-1. With a window, the first w queries see 1, 2, ..., w keys and every later one exactly w (careful "
-    "when w > T). Then FLOPs: every token in a layer pays the token-wise matrices; Orthros's prefill has T base tokens"
-    " and ONE output token, which has a query but no key.",
-    "attended_pairs, no window: the last n_q queries sit at T-n_q ... T-1 and see t + 1 keys each: an arithmetic "
-    "series, n_q terms from T-n_q+1 up to T. With a window: the first min(w, T) queries see 1, 2, ... keys (a "
-    "triangle), every later one exactly w. Integers only: // not /.\n"
-    "prefill_flops, per layer, in FLOPs: (tokens through the layer) x 20 C^2, plus (base tokens) x 4 C^2 for W_K, W_V, "
-    "plus 4 C per attended pair; the pairs are causal for the Transformer, windowed for SWA and Orthros's base tokens,"
-    " plus the one output query's full row for Orthros. Times n_layer, plus 2 C V for the LM head at the one position "
-    "with logits.",
-    "Paper, section 3.3 (Complexity Analysis): sliding window attention O(TWd), full cross-attention O(T_out T d), "
-    "token-wise projections O((T + T_out) d^2); prefilling has T_out = 1. In the repo: perf/flops.py, forward_flops "
-    "and prefill_flop_limits.",
-]
 SIZES = {"tiny (2 x 16, 2 heads, w=4, V=37)": OrthrosConfig(vocab_size=37, n_layer=2, n_head=2, n_embd=16, window=4),
          "odd (3 x 48, 4 heads, w=7, V=101)": OrthrosConfig(vocab_size=101, n_layer=3, n_head=4, n_embd=48, window=7),
          "other (5 x 24, 1 head, w=5, V=38)": OrthrosConfig(vocab_size=38, n_layer=5, n_head=1, n_embd=24, window=5),

@@ -16,23 +16,6 @@ FORBIDDEN = dict.fromkeys((orthros.reference_attention, orthros.fast_reference_a
                           "it computes the windowed attention this exercise asks you to write")
 PAPER = "window=128"
 
-HINTS = [
-    "Query t sees keys t-w+1 ... t. Put the queries in blocks of w: block b holds positions b*w ... b*w + w-1, and "
-    "every key they may see lies in block b-1 or block b. So give each block its 2w keys (the previous block and its "
-    "own), and mask with in_window inside that small (w, 2w) window. Pad T up to whole blocks, and give the keys one "
-    "extra block of padding in front for block 0 (masked out).",
-    "Shapes (n = ceil(T / w) blocks; pad T up to n*w):\n"
-    "queries: (B, H, T, D) -> padded at the end -> (B*H, n, w, D)\n"
-    "keys, values: padded with one block of w in front and the same padding at the end -> (B*H, n+1, w, D); then block"
-    " b's keys are blocks b and b+1 of that, side by side: (B*H, n, 2w, D)\n"
-    "positions: query i of block b sits at b*w + i, a (n, w, 1) grid; key j of its 2w keys at (b-1)*w + j, a (n, 1, "
-    "2w) grid; the mask is in_window of the two, and the front padding (negative positions) hidden\n"
-    "one scaled_dot_product_attention over the blocks with that (n, w, 2w) mask (and dropout_p), then back to (B, H, "
-    "n*w, D) and the first T rows",
-    "Paper, Algorithm 1, line 8: O <- Flash-Attn(Q, K, V, window_size=W), and section 3.3: sliding window attention "
-    "costs O(T W d), linear in T. In orthros.py: part 3 (fast paths), blocked_sliding_window_attention.",
-]
-
 
 SHAPES = "    B, H, T, D = q.shape\n"
 

@@ -18,24 +18,6 @@ FORBIDDEN = dict.fromkeys((Orthros.forward, Orthros.prefill, Orthros.decode, Ort
                           "blocks")
 PAPER = "the paper's widths"
 
-HINTS = [
-    "Decoding is the same forward pass with T = 1 and t_out = 1: one base token and (for Orthros) one output token, "
-    "both at the new position S = cache.length. Each block gets its layer's cache: the block appends the base token's "
-    "key and value to it, so the next step sees this token. Then advance cache.length and read the logits from the "
-    "output twin.",
-    "Shapes, step by step (S = cache.length before the step, C = n_embd, D = C / n_head):\n"
-    "1. next_idx (B,) or (B, 1) -> embeddings (B, 1, C)\n"
-    "2. z: Orthros, the base twin then the output twin, (B, 2, C); the baselines, the base token alone, (B, 1, C)\n"
-    "3. RoPE tables for z's rows, every row at position S: (rows, D) each, in the weights' dtype\n"
-    "4. for each layer l: z -> block(z, T=1, rope, that layer's LayerCache) -> z; afterwards cache.layers[l].k is (B, "
-    "H, S + 1, D)\n"
-    "5. cache.length becomes S + 1; the logits: the final norm and the LM head on z's last row, (B, 1, vocab)\n"
-    "6. return (logits, cache)",
-    "Paper, section 3.2, Decoding (T_in = 0, T_out = 1): 'each step processes exactly one generated token (T = 1). "
-    "This single token is duplicated to form the decoupled pair: the base token updates the KV cache and computes "
-    "sliding window attention, while the output-specific token performs full cross-attention against the historical "
-    "cache'. In orthros.py: Orthros.forward with a cache, and Orthros.decode.",
-]
 MODELS = {**{f"attn='orthros', {name}": (name, "orthros") for name in ZOO}, "attn='swa'": ("the original", "swa"),
           "attn='transformer'": ("the original", "transformer")}
 WIDE = "the paper's widths: 2 layers of C=768, 6 heads, vocab_size=50304, w=128 (on meta only)"

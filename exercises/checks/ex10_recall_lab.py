@@ -20,22 +20,6 @@ COMMANDS = ("python train.py --config recall_tiny --attn swa --out_dir out/lab-r
             "    python train.py --config recall_tiny --attn orthros --out_dir out/lab-recall-orthros")
 DEFAULT_RUNS = {"swa": "out/lab-recall-swa", "orthros": "out/lab-recall-orthros"}
 
-HINTS = [
-    "Two files tell you everything: the checkpoint's model_config (the window w and the number of layers L, which the "
-    "run's command line set through --config) and exact_match.json ({bucket: {'n', 'accuracy'}}). A bucket 'lo-hi' "
-    "holds the distances lo <= d < hi. One SWA layer reaches w-1 positions back, L layers about L*w: beyond that, SWA "
-    "can only guess.",
-    "1. the model config: the checkpoint ckpt_last.pt in run_dir, read with checkpoint.load_checkpoint; its "
-    "'model_config' is a dict with 'attn', 'window', 'n_layer'\n"
-    "2. the scores: exact_match.json in run_dir, a dict {'lo-hi': {'n': examples, 'accuracy': fraction}}\n"
-    "3. for a set of buckets: hits = the sum of accuracy * n, examples = the sum of n; the pooled accuracy is hits / "
-    "examples\n"
-    "4. inside: the buckets whose hi <= w; beyond: those whose lo >= n_layer * w\n"
-    "5. return the five keys the docstring names",
-    "Paper, section 4.4 (in-context recall) and Table 3: Orthros keeps Transformer-level recall while SWA loses it; "
-    "section 3.1: the output tokens' full cross-attention is what 'retrieve[s] global information'. In the repo: "
-    "README, 'In-context recall'.",
-]
 
 FOLDER = tempfile.TemporaryDirectory(prefix="orthros-lab-")   # the made-up runs, removed at exit
 SWA_ABOVE_CHANCE, ORTHROS_BEYOND = 0.25, 0.6
