@@ -16,6 +16,7 @@ are reached, and a file importing from exercises/ is refused.
 import ast
 import collections
 import contextlib
+import copy
 import dataclasses
 import functools
 import importlib
@@ -663,11 +664,20 @@ ZOO = {"the original": {},
            n_layer=3, n_head=4, n_embd=24, window=3, rope_base=500.0, vocab_size=50, seed=1)}
 
 
-@functools.cache
 def member(name, attn="orthros", seed=0, **more):
-    """The zoo's member as a tiny model, more overrides on top (made once: deep-copy it)."""
+    """A copy of the zoo's member as a tiny model, more overrides on top (made once a process)."""
+    return copy.deepcopy(made(name, attn, seed, **more))
+
+
+@functools.cache
+def made(name, attn, seed, **more):
     overrides = {**ZOO[name], **more}
     return tiny_model(attn, seed=overrides.pop("seed", 0) + seed, **overrides)
+
+
+def within(lo, hi, *values):
+    """The values from lo to hi, sorted, once each: a parameter's edges, relative to others'."""
+    return sorted({v for v in values if lo <= v <= hi})
 
 
 def tokens(B, T, vocab=37, seed=0):

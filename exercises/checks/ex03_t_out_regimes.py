@@ -1,4 +1,4 @@
-"""Exercise 3, the t_out regimes: the checker. The references are live: the smallest t_out that orthros.py's own
+"""Exercise 3, the t_out regimes: the checker. The references, live: the smallest t_out orthros.py's
 check_targets accepts, and the rows a hook on a model's first block counts."""
 
 from types import SimpleNamespace
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import torch
 
 from data.sft import collate
-from exercises.framework import Domain, tiny_model, tokens
+from exercises.framework import Domain, tiny_model, tokens, within
 from orthros import IGNORE, check_targets
 
 TITLE, DIFFICULTY, MINUTES = "The t_out regimes", 2, 30
@@ -16,11 +16,13 @@ FORBIDDEN = {collate: "data/sft.py's own t_out of a batch, which the checker com
 PAPER = "T=2048"
 
 
-def accepted(targets, t_out):
-    try:
-        return check_targets(targets, t_out) is None
-    except ValueError:
-        return False
+def smallest_t_out(targets):
+    def accepted(t_out):
+        try:
+            return check_targets(targets, t_out) is None
+        except ValueError:
+            return False
+    return next(t_out for t_out in range(1, targets.size(1) + 1) if accepted(t_out))
 
 
 def rows(attn, T, t_out):
@@ -32,27 +34,28 @@ def rows(attn, T, t_out):
     return seen[0]
 
 
-REFERENCE = SimpleNamespace(tokens_through_layers=rows, smallest_t_out=lambda targets: next(
-    t for t in range(1, targets.size(1) + 1) if accepted(targets, t)))
+REFERENCE = SimpleNamespace(smallest_t_out=smallest_t_out, tokens_through_layers=rows)
 
 
 def targets(seed, B, T, first, rows, **_):
-    """(B, T) targets, IGNORE (-1) where nothing is trained; row 0 trained from column `first` (T: nothing), with the
+    """(B, T) targets, IGNORE where nothing is trained: row 0 trained from column `first` (T: none),
     token id 0 there (a real token); the other rows as `rows` says."""
     g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, 37, (B, T), generator=g)
-    start = torch.full((B, 1), first) if rows == "every row from first" else \
-        torch.randint(first, T + 1, (B, 1), generator=g).clamp(max=T if rows == "ragged" else first)
+    y, start = torch.randint(0, 37, (B, T), generator=g), torch.full((B, 1), first)
+    if rows == "ragged":
+        start = torch.randint(first, T + 1, (B, 1), generator=g).clamp(max=T)
     y = torch.where(torch.arange(T) >= start, y, IGNORE)
     if rows == "holes":
-        y[:, first + 1:] = torch.where(torch.rand(B, max(0, T - first - 1), generator=g) < 0.5, IGNORE, y[:, first + 1:])
-        y[1:] = IGNORE
+        keep = torch.rand(B, max(0, T - first - 1), generator=g) < 0.5
+        y[:, first + 1:], y[1:] = torch.where(keep, y[:, first + 1:], IGNORE), IGNORE
     y[0, first:first + 1] = 0
     return dict(targets=y)
 
 
-DOMAIN = {"smallest_t_out": Domain(targets, pairs=[("T", "first"), ("first", "rows")], B=[1, 2, 3, 6],
-                                   T=[1, 2, 3, 5, 9, 2048], first=lambda T: sorted({0, 1, T // 2, T - 1, T}),
-                                   rows=["every row from first", "ragged", "holes"]),
-          "tokens_through_layers": Domain(pairs=True, attn=["orthros", "swa", "transformer"], T=[1, 2, 3, 12, 2048],
-                                          t_out=lambda T: sorted({1, 2, T - 1, T} - {0, T + 1}))}
+DOMAIN = {"smallest_t_out": Domain(
+    targets, pairs=[("T", "first"), ("first", "rows")], B=[1, 2, 3, 6], T=[1, 2, 3, 5, 9, 2048],
+    first=lambda T: within(0, T, 0, 1, T // 2, T - 1, T),
+    rows=["every row from first", "ragged", "holes"]),
+    "tokens_through_layers": Domain(
+    pairs=True, attn=["orthros", "swa", "transformer"], T=[1, 2, 3, 12, 2048],
+    t_out=lambda T: within(1, T, 1, 2, T - 1, T))}

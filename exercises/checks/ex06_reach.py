@@ -1,13 +1,12 @@
-"""Exercise 6, how far each stream can see: the checker. The references: the stored solution's measurement, and the
-reach measured by gradients."""
+"""Exercise 6, how far each stream can see: the checker. The references: the stored solution's
+measurement, and the reach measured by gradients."""
 
-import copy
 import functools
 from types import SimpleNamespace
 
 import torch
 
-from exercises.framework import ZOO, Domain, member, tiny_model, tokens
+from exercises.framework import ZOO, Domain, member, tiny_model, tokens, within
 from exercises.solutions import ex06_reach as solution
 
 TITLE, DIFFICULTY, MINUTES = "How far each stream can see", 3, 30
@@ -15,39 +14,38 @@ FUNCTIONS = ("positions_that_change", "swa_reach")
 PAPER = "n_layer=12, window=128"
 
 
-AFTER = "model(other)[0][:, t]"
-
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def measured_reach(n_layer, window):
-    """t minus the farthest position that moves the logits at t = T - 1 of a tiny SWA model, measured live: the gradient
-    of those logits with respect to each position's embedding is exactly zero beyond the reach (perturbing tokens, as
-    the exercise does, loses the farthest influences of deep models to float64's rounding: about (1/w)^L)."""
+    """t minus the farthest position that moves the logits at t = T - 1 of a tiny SWA model: the
+    gradient of those logits with respect to each position's embedding is exactly zero beyond the
+    reach (perturbing tokens loses the farthest influences of deep models to rounding: (1/w)^L)."""
     T = n_layer * (window - 1) + 3   # room for the whole reach and two positions beyond it
-    model, kept = tiny_model("swa", n_layer=n_layer, window=window, n_embd=8, n_head=1, max_seq_len=max(512, T)), []
+    model, kept = tiny_model("swa", n_layer=n_layer, window=window, n_embd=8, n_head=1,
+                             max_seq_len=max(512, T)), []
     model.wte.register_forward_hook(lambda module, args, out: kept.append(out))
     grad, = torch.autograd.grad(model(tokens(1, T, seed=T))[0][0, T - 1].sum(), kept)
     return T - 1 - int((grad[0] != 0).any(-1).nonzero().min())
 
 
-REFERENCE = SimpleNamespace(positions_that_change=solution.positions_that_change, swa_reach=measured_reach)
-# The models: (zoo member, attn, overrides, scale of each attention's output projection: faint influences)
+REFERENCE = SimpleNamespace(positions_that_change=solution.positions_that_change,
+                            swa_reach=measured_reach)
+# The models: (zoo member, attn, overrides, how faint the attention's output: far influences are)
 MODELS = {"swa, 1 layer, w=2": ("the original", "swa", dict(n_layer=1, window=2), 1),
-          "swa, 1 layer, w=3, vocab_size=11": ("the original", "swa", dict(n_layer=1, window=3, vocab_size=11), 1),
-          "orthros, 1 layer, w=2": ("the original", "orthros", dict(n_layer=1, window=2), 1),
+          "swa, 1 layer, w=3, vocab_size=11": ("the original", "swa",
+                                               dict(n_layer=1, window=3, vocab_size=11), 1),
           "orthros, 3 layers, w=2": ("the original", "orthros", dict(n_layer=3, window=2), 1),
-          "transformer, 2 layers": ("the original", "transformer", dict(n_layer=2, window=3), 1),
-          "swa, 3 layers, w=2, far influences faint (attention outputs x 0.01)": ("the original", "swa",
-                                                                                   dict(n_layer=3, window=2), 0.01),
-          "swa, 3 layers, w=2, far influences below float32's resolution (attention outputs x 1e-4)": (
-              "the original", "swa", dict(n_layer=3, window=2), 1e-4),
+          "transformer, 2 layers": ("the original", "transformer", dict(n_layer=2), 1),
+          **{f"swa, 3 layers, w=2, attention outputs x {faint} (far influences faint)": (
+              "the original", "swa", dict(n_layer=3, window=2), faint) for faint in (0.01, 1e-4)},
           **{f"swa, 2 layers, {name}": (name, "swa", dict(n_layer=2), 1) for name in ZOO},
-          **{f"orthros, 2 layers, w=2, {name}": (name, "orthros", dict(window=2, n_layer=2), 1) for name in ZOO}}
+          **{f"orthros, 2 layers, w=2, {name}": (name, "orthros", dict(n_layer=2, window=2), 1)
+             for name in ZOO}}
 
 
 def inputs(seed, model, T, t, **_):
-    """The model; idx with token 0 at t - 1 and token vocab_size - 1 at t: a perturbation must change both."""
+    """The model; idx with token 0 at t - 1, vocab_size - 1 at t: a change must change both."""
     name, attn, more, faint = MODELS[model]
-    model = copy.deepcopy(member(name, attn, seed, **more))
+    model = member(name, attn, seed, **more)
     with torch.no_grad():
         for block in model.blocks:
             block.attn.c_proj.weight.mul_(faint)
@@ -56,7 +54,7 @@ def inputs(seed, model, T, t, **_):
     return dict(model=model, idx=idx, t=t)
 
 
-DOMAIN = {"positions_that_change": Domain(inputs, draws=3, model=list(MODELS), T=[1, 2, 5, 8, 12],
-                                          t=lambda T: sorted({0, 1, T - 2, T - 1} & set(range(T))),
-                                          dtype=[torch.float64, torch.float32]),
-          "swa_reach": Domain(pairs=True, draws=0, n_layer=[1, 2, 3, 4, 12], window=[1, 2, 3, 4, 8, 128])}
+DOMAIN = {"positions_that_change": Domain(
+    inputs, draws=3, model=list(MODELS), T=[1, 2, 5, 8, 12], dtype=[torch.float64, torch.float32],
+    t=lambda T: within(0, T - 1, 0, 1, T - 2, T - 1)),
+    "swa_reach": Domain(pairs=True, draws=0, n_layer=[1, 2, 3, 4, 12], window=[1, 2, 3, 4, 8, 128])}

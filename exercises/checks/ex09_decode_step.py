@@ -1,6 +1,5 @@
-"""Exercise 9, the KV-cache decode step: the checker. The reference is the model's own decode."""
+"""Exercise 9, the KV-cache decode step: the checker. The reference: the model's own decode."""
 
-import copy
 from types import SimpleNamespace
 
 import torch
@@ -10,31 +9,34 @@ from orthros import Orthros, OrthrosConfig
 
 TITLE, DIFFICULTY, MINUTES = "The KV-cache decode step", 4, 40
 FUNCTIONS = ("decode_step",)
-REFERENCE = SimpleNamespace(decode_step=lambda model, next_idx, cache: model.decode(next_idx, cache))
-FORBIDDEN = dict.fromkeys((Orthros.forward, Orthros.prefill, Orthros.decode, Orthros.generate, Orthros.generate_tokens,
-                           *(f"perf.engine:{name}" for name in ("FastDecoder.prefill", "FastDecoder.decode",
-                                                                "FastDecoder.generate_tokens", "layer_in", "layer_out"))),
-                          "it runs the forward pass (or the whole decode step) this exercise asks you to build from the "
-                          "blocks")
+REFERENCE = SimpleNamespace(decode_step=lambda model, next_idx, cache: model.decode(next_idx,
+                                                                                   cache))
+ENGINE = ("FastDecoder.prefill", "FastDecoder.decode", "FastDecoder.generate_tokens", "layer_in",
+          "layer_out")
+FORBIDDEN = dict.fromkeys((Orthros.forward, Orthros.prefill, Orthros.decode, Orthros.generate,
+                           Orthros.generate_tokens, *(f"perf.engine:{name}" for name in ENGINE)),
+                          "it runs the forward pass (or the whole decode step) this exercise asks "
+                          "you to build from the blocks")
 PAPER = "the paper's widths"
-
-MODELS = {**{f"attn='orthros', {name}": (name, "orthros") for name in ZOO}, "attn='swa'": ("the original", "swa"),
-          "attn='transformer'": ("the original", "transformer")}
-WIDE = "the paper's widths: 2 layers of C=768, 6 heads, vocab_size=50304, w=128 (on meta only)"
+MODELS = {**{f"attn='orthros', {name}": (name, "orthros") for name in ZOO},
+          **{f"attn={attn!r}": ("the original", attn) for attn in ("swa", "transformer")}}
+WIDE = "the paper's widths: 2 layers of C=768, 6 heads, vocab_size=50304, w=128 (on meta)"
 
 
 def inputs(seed, model, B, p, column, place, dtype, **_):
-    """The model after prefill(idx[:, :p]): its cache, and the next token idx[:, p] as (B,) or (B, 1)."""
+    """The model after prefill(idx[:, :p]): its cache; the next token idx[:, p], (B,) or (B, 1)."""
     if model == WIDE:
         with torch.device("meta"):
-            model = Orthros(OrthrosConfig(n_layer=2, n_embd=768, n_head=6, vocab_size=50304, window=128)).eval()
+            model = Orthros(OrthrosConfig(n_layer=2, vocab_size=50304)).eval()
     else:
-        model = copy.deepcopy(member(*MODELS[model], seed=seed))
+        model = member(*MODELS[model], seed=seed)
     model, idx = model.to(place, dtype), tokens(B, p + 1, model.config.vocab_size, seed).to(place)
-    return dict(model=model, next_idx=idx[:, p:] if column else idx[:, p], cache=model.prefill(idx[:, :p])[1])
+    return dict(model=model, next_idx=idx[:, p:] if column else idx[:, p],
+                cache=model.prefill(idx[:, :p])[1])
 
 
-DOMAIN = {"decode_step": Domain(inputs, pairs=[("model", "dtype"), ("p", "dtype"), ("B", "column")], draws=5,
-                                place=["cpu"] * 3 + ["meta"], model=lambda place: [*MODELS, *[WIDE][:place == "meta"]],
-                                B=[1, 2, 3], p=[1, 2, 3, 4, 5, 12, 257], column=[False, True],
-                                dtype=[torch.float64, torch.float32, torch.bfloat16])}
+DOMAIN = {"decode_step": Domain(
+    inputs, pairs=[("model", "dtype"), ("p", "dtype"), ("B", "column")], draws=5,
+    place=["cpu"] * 3 + ["meta"], model=lambda place: [*MODELS, *[WIDE][:place == "meta"]],
+    B=[1, 2, 3], p=[1, 2, 3, 4, 5, 12, 257], column=[False, True],
+    dtype=[torch.float64, torch.float32, torch.bfloat16])}
