@@ -1,6 +1,6 @@
-"""The exercises stay true to the code, for every exercise the checks folder holds: the stored solution and another right
-answer pass, the stub is "not started". The contract itself, on a toy exercise, for what no mutant shows
-(test_exercise_mutants.py). The command line, the hints, the picture, the syllabus."""
+"""The exercises stay true to the code, for every exercise the checks folder holds: the stored
+solution and another right answer pass, the stub is "not started". The contract itself, on a toy
+exercise, for what no mutant shows. The command line, the hints, the picture, the syllabus."""
 
 import ast
 import importlib
@@ -23,50 +23,57 @@ from exercises.show import pattern
 REPO = Path(__file__).resolve().parents[1]
 NUMBERS = list(EXERCISES)
 IDS = [EXERCISES[n] for n in NUMBERS]
-NO_RUNS = {"runs": {"swa": "/nowhere/swa", "orthros": "/nowhere/orthros"}}   # the recall lab then waits
+NO_RUNS = {"runs": {"swa": "/nowhere/swa", "orthros": "/nowhere/orthros"}}   # the recall lab waits
 
 
 def test_the_recall_lab_passes_on_trained_runs(recall_runs):
-    """The recall lab's reference passes its check on the two runs trained in this test session, whatever their task's
-    window, depth and vocabulary (its checker reads them from the runs)."""
-    spec = load_spec(10)
-    result = framework.check(spec, spec.REFERENCE, runs={attn: str(path) for attn, path in recall_runs.items()})
+    """The recall lab's reference passes on the two runs trained in this test session, whatever
+    their task's window, depth and vocabulary (its checker reads them from the runs)."""
+    spec, runs = load_spec(10), {attn: str(path) for attn, path in recall_runs.items()}
+    result = framework.check(spec, spec.REFERENCE, runs=runs)
     assert result.status == "PASS" and "beyond n_layer * w" in result.message, result.message
 
 
 @pytest.mark.parametrize("n", NUMBERS, ids=IDS)
 def test_the_stored_solution_and_another_right_answer_pass_on_inputs_at_the_papers_sizes(n):
-    """The whole file `solution N --show` prints, checked as a student's file, passes, and so does a right answer written
-    otherwise (ALSO_RIGHT, or exercises/solutions/exNN_*_also.py): the contract tests what the docstring asks, not one way
-    to write it (the recall lab: its made-up runs, then it waits). Some input is at the paper's sizes (PAPER)."""
+    """The file `solution N --show` prints, checked as a student's, passes; so does a right answer
+    written otherwise (ALSO_RIGHT, or solutions/exNN_*_also.py): the contract tests what the
+    docstring asks (the recall lab: its made-up runs, then it waits). An input is at the paper's
+    sizes (PAPER)."""
     spec, also = load_spec(n), framework.SOLUTIONS / f"{EXERCISES[n]}_also.py"
-    for source in (framework.solved_source(spec), getattr(spec, "ALSO_RIGHT", None) or also.read_text()):
-        result = framework.check(spec, framework.load_answer(spec, source, f"/nowhere/{EXERCISES[n]}.py"), **NO_RUNS)
-        assert result.status == ("waiting" if hasattr(spec, "DEFAULT_RUNS") else "PASS"), (source, result.message)
-    drawn = [framework.call_text(f, {}, params) for f in spec.FUNCTIONS for params in framework.draws(spec.DOMAIN[f])]
+    right = "waiting" if hasattr(spec, "DEFAULT_RUNS") else "PASS"
+    also = getattr(spec, "ALSO_RIGHT", 0) or also.read_text()
+    for source in (framework.solved_source(spec), also):
+        answer = framework.load_answer(spec, source, f"/nowhere/{EXERCISES[n]}.py")
+        result = framework.check(spec, answer, **NO_RUNS)
+        assert result.status == right, result.message
+    drawn = [framework.call_text(f, {}, params) for f in spec.FUNCTIONS
+             for params in framework.draws(spec.DOMAIN[f])]
     assert any(spec.PAPER in text for text in drawn), spec.PAPER
 
 
 @pytest.mark.parametrize("n", NUMBERS, ids=IDS)
 def test_the_untouched_stub_and_the_second_hint(n):
-    """The stub reports "not started", naming the function to write and how to start; each function has the
-    reference's exact signature (names, order, defaults) and is the stub's own, never the function it replaces. No line
-    of the reference's code (20 characters or more) appears in hint 2 (shapes or pseudocode)."""
+    """The stub reports "not started", naming the function to write and how to start; each function
+    has the solution's exact signature and is the stub's own, never the one it replaces. No line of
+    the solution's code (20 characters or more) is in hint 2 (shapes or pseudocode)."""
     spec = load_spec(n)
-    answer = framework.load_answer(spec, framework.stub_source(spec), framework.STUBS / f"{EXERCISES[n]}.py")
+    stub = framework.stub_source(spec)
+    answer = framework.load_answer(spec, stub, framework.STUBS / f"{EXERCISES[n]}.py")
     result = framework.check(spec, answer, **NO_RUNS)
-    assert result.status == "not started", "\n".join(commands.in_place(n, spec)) or result.message   # what `check` says
+    assert result.status == "not started", "\n".join(commands.in_place(n, spec)) or result.message
     assert any(f"`{f}`" in result.message for f in spec.FUNCTIONS), result.message
-    assert "NotImplementedError" in result.message and f"python -m exercises start {n}" in result.message
-    named = {a.name for node in ast.walk(ast.parse(framework.stub_source(spec))) if isinstance(node, ast.ImportFrom)
-             for a in node.names}
+    assert "NotImplementedError" in result.message and f"exercises start {n}" in result.message
+    imported = {a.name for node in ast.walk(ast.parse(stub)) if isinstance(node, ast.ImportFrom)
+                for a in node.names}
     solved = importlib.import_module(f"exercises.solutions.{EXERCISES[n]}")
+    hint = re.sub(r"\s+", " ", framework.hints(spec)[1])
     for name in spec.FUNCTIONS:
-        assert inspect.signature(answer.functions[name]) == inspect.signature(getattr(solved, name)), name
-        assert answer.functions[name].__module__.startswith("_exercise_answer_") and name not in named, name
+        assert inspect.signature(answer.functions[name]) == inspect.signature(getattr(solved, name))
+        assert answer.functions[name].__module__.startswith("_exercise_") and name not in imported
         for line in textwrap.dedent(inspect.getsource(getattr(solved, name))).splitlines():
             code = re.sub(r"\s+", " ", line.split("#")[0].strip())
-            assert len(code) < 20 or code.startswith(("def ", '"""')) or code not in re.sub(r"\s+", " ", spec.HINTS[1]), code
+            assert len(code) < 20 or code.startswith(("def ", '"""')) or code not in hint, code
 
 
 # The contract itself, on a toy exercise: double every entry of x
@@ -76,20 +83,21 @@ def double(x):
 
 
 def toy(**more):
-    return SimpleNamespace(__name__="toy", TITLE="toy", FUNCTIONS=("double",), REFERENCE=SimpleNamespace(double=double),
-                           DOMAIN={"double": Domain(lambda seed, n, **_: dict(x=torch.arange(float(n)) + seed),
-                                                    n=[0, 1, 2, 5], dtype=[torch.float64, torch.bfloat16])}, **more)
+    build = lambda seed, n, **_: dict(x=torch.arange(float(n)) + seed)
+    domain = Domain(build, n=[0, 1, 2, 5], dtype=[torch.float64, torch.bfloat16])
+    return SimpleNamespace(__name__="toy", FUNCTIONS=("double",), DOMAIN={"double": domain},
+                           REFERENCE=SimpleNamespace(double=double), **more)
 
 
 def check(answer, spec=None):
-    return framework.check(spec or toy(), SimpleNamespace(double=answer) if callable(answer) else answer)
+    return framework.check(spec or toy(), SimpleNamespace(double=answer))
 
 
 def test_the_inputs_hold_every_value_every_pair_asked_and_come_smallest_first():
-    """Every value of every parameter (a function of the parameters before it too) is in some input, and so is every two
-    values of a pair asked for; inputs on meta come last, the others smallest first."""
-    domain = Domain(pairs=[("a", "b")], draws=0, a=[0, 1, 2, 3], b=lambda a: [a, a + 10], c=["x", "y", "z"],
-                    place=["cpu", "meta"])
+    """Every value of every parameter (a function of those before it too) is in an input, and so is
+    every two values of a pair asked for; inputs on meta come last, the others smallest first."""
+    domain = Domain(pairs=[("a", "b")], draws=0, a=[0, 1, 2, 3], b=lambda a: [a, a + 10],
+                    c=list("xyz"), place=["cpu", "meta"])
     drawn = framework.draws(domain)
     assert {(p["a"], p["b"] - p["a"]) for p in drawn} == {(a, d) for a in range(4) for d in (0, 10)}
     assert {p["c"] for p in drawn} == {"x", "y", "z"} and drawn[-1]["place"] == "meta"
@@ -98,15 +106,16 @@ def test_the_inputs_hold_every_value_every_pair_asked_and_come_smallest_first():
 
 
 def test_each_property_fails_naming_it_and_the_smallest_input():
-    """A wrong value, an input changed, a graph cut, state kept across calls, a crash: each a FAIL naming its property
-    and the smallest input that shows it; an error in the checker's own code is an ERROR, not the student's."""
+    """A wrong value, an input changed, a graph cut, state kept across calls, a crash: each a FAIL
+    naming its property and the smallest input that shows it; the checker's own error: ERROR."""
     def kept(x, seen={}):
         return seen.setdefault((x.numel(), x.dtype), 2 * x)
-    for answer, words in [(lambda x: 2 * x + (x.numel() == 5), "(values): your double differs from the reference at "
-                           "double(x=<5 "), (lambda x: x.mul_(2) if x.numel() else x, "(inputs)"),
-                          (lambda x: 2 * x.detach(), "(autograd)"), (kept, "(repeats)"),
-                          (lambda x: 2 * x if x.numel() < 2 else x.foo(), "(crash): your double crashed at double(x=<2 "
-                           "float64 tensor>), drawn with n=2, dtype=torch.float64: your code raised AttributeError")]:
+    for answer, words in [
+            (lambda x: 2 * x + (x.numel() == 5), "(values): your double differs from the reference "
+             "at double(x=<5 "), (lambda x: x.mul_(2) if x.numel() else x, "(inputs)"),
+            (lambda x: 2 * x.detach(), "(autograd)"), (kept, "(repeats)"),
+            (lambda x: 2 * x if x.numel() < 2 else x.foo(), "(crash): your double crashed at "
+             "double(x=<2 float64 tensor>), drawn with n=2, dtype=torch.float64: your code")]:
         result = check(answer)
         assert result.status == "FAIL" and words in result.message, result.message
     def prop(answer, **options):
@@ -118,35 +127,36 @@ def test_each_property_fails_naming_it_and_the_smallest_input():
 
 
 def test_a_crash_never_passes_in_a_property_or_the_summary():
-    """What the answer raises in a checker's own property, or in its summary after the contract passed (the recall
-    lab's trained runs), is a FAIL, never a PASS."""
+    """What the answer raises in a checker's own property, or in its summary after the contract
+    passed (the recall lab's trained runs), is a FAIL, never a PASS."""
     def after_pass(answer, **options):
-        return f"{answer.double(torch.ones(3)) / 0}{answer.double('no')}"
+        return f"{answer.double(torch.ones(3))}{answer.double('no')}"
     def prop(answer, **options):
         """the double of a string"""
         answer.double("no")
     for spec in (toy(after_pass=after_pass), toy(PROPERTIES=[prop])):
         result = check(lambda x: 2 * x if isinstance(x, torch.Tensor) else x.foo(), spec)
-        assert result.status == "FAIL" and "your code raised AttributeError" in result.message, result.message
+        assert result.status == "FAIL" and "raised AttributeError" in result.message, result.message
 
 
 def test_refused_functions_raise_even_when_captured_before_the_check_and_are_restored():
-    """A refused method captured at import time (f = Orthros.forward) raises while the answer runs, even if the answer
-    catches it, and works again afterwards; so after Ctrl-C inside an answer, which stops the check."""
-    captured, code, model = orthros.Orthros.forward, orthros.Orthros.forward.__code__, framework.tiny_model()
+    """A refused method captured at import (f = Orthros.forward) raises while the answer runs, even
+    if the answer catches it, and works again afterwards; so after Ctrl-C inside an answer."""
+    captured, code = orthros.Orthros.forward, orthros.Orthros.forward.__code__
+    model, idx = framework.tiny_model(), torch.zeros(1, 1, dtype=torch.long)
     def answer(x):
         try:
-            captured(model, torch.zeros(1, 1, dtype=torch.long))
+            captured(model, idx)
         except Exception:
             pass
         return 2 * x
     result = check(answer, toy(FORBIDDEN={orthros.Orthros.forward: "it runs the model"}))
-    assert "(refused)" in result.message and "your code called orthros.Orthros.forward (it runs the model)" in \
-        result.message, result.message
-    assert orthros.Orthros.forward.__code__ is code and captured(model, torch.zeros(1, 1, dtype=torch.long))
-    code = orthros.in_window.__code__
+    assert "(refused)" in result.message and "called orthros.Orthros.forward (it runs the " \
+        "model)" in result.message, result.message
+    assert orthros.Orthros.forward.__code__ is code and captured(model, idx)
+    code, spec = orthros.in_window.__code__, toy(FORBIDDEN={orthros.in_window: "the window"})
     with pytest.raises(KeyboardInterrupt):
-        check(lambda x: (_ for _ in ()).throw(KeyboardInterrupt), toy(FORBIDDEN={orthros.in_window: "the window"}))
+        check(lambda x: (_ for _ in ()).throw(KeyboardInterrupt), spec)
     assert orthros.in_window.__code__ is code and not framework.STATE.active
 
 
@@ -160,30 +170,35 @@ def cli(capsys, *args):
     return (code, *capsys.readouterr())
 
 
-@pytest.mark.parametrize("args", [["check", str(max(NUMBERS) + 1)], ["check", "0"], ["check", "abc"], ["hint", "99"],
-                                  ["solution", "0"], ["hint", "1", "7"], ["hint", "1", "x"], ["bogus"], ["new", "Bad-Name"]])
+@pytest.mark.parametrize("args", [
+    ["check", str(max(NUMBERS) + 1)], ["check", "0"], ["check", "abc"], ["hint", "99"],
+    ["solution", "0"], ["hint", "1", "7"], ["hint", "1", "x"], ["bogus"], ["new", "Bad-Name"]])
 def test_command_line_errors_are_one_line(capsys, args):
-    """A wrong exercise number, hint number, name or command: one line on stderr naming what is valid, exit != 0."""
+    """A wrong exercise number, hint number, name or command: one line on stderr naming what is
+    valid, exit != 0; the teachers' commands are not advertised."""
     code, out, err = cli(capsys, *args)
-    assert code not in (0, None) and out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    assert re.search(r"from 1 to|hints 1 to|1, 2 or 3|choose from|lower-case", err), "say what is valid: " + err
-    assert args != ["bogus"] or ("solution" not in err and "'new'" not in err)   # the teachers' commands are not advertised
+    assert code not in (0, None) and out == "" and len(err.strip().splitlines()) == 1, err
+    assert re.search(r"from 1 to|hints 1 to|1, 2 or 3|choose from|lower-case", err), err
+    assert args != ["bogus"] or ("solution" not in err and "'new'" not in err)
 
 
-def test_command_line_check_all_counts_every_exercise_and_ctrl_c_prints_one_line(capsys, monkeypatch):
-    """`check ALL --solution` checks every exercise in the checks folder, and counts them; Ctrl-C while a check runs:
-    one line on stderr, exit 130."""
+def test_command_line_check_all_counts_every_exercise_and_ctrl_c_prints_one_line(capsys,
+                                                                                monkeypatch):
+    """`check ALL --solution` checks every exercise in the checks folder, and counts them; Ctrl-C
+    while a check runs: one line on stderr, exit 130."""
     monkeypatch.setattr(framework, "check", lambda spec, answer, **options: Result("PASS"))
     code, out, _ = cli(capsys, "check", "ALL", "--solution")
-    assert code == 0 and f"{len(NUMBERS)} of {len(NUMBERS)} PASS" in out, "expected every exercise counted: " + out
-    monkeypatch.setattr(framework, "check", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert code == 0 and f"{len(NUMBERS)} of {len(NUMBERS)} PASS" in out, out
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(framework, "check", interrupted)
     code, _, err = cli(capsys, "check", "1", "--solution")
     assert code == 130 and err.strip() == "python -m exercises: interrupted"
 
 
 def test_command_line_solution_hint_and_list(capsys):
-    """`solution N` points to the second hint; with --show it prints the whole solving file (exercise 1's: orthros.py's
-    functions, copied); --help hides it. `hint 1 2` shows hint 2 of 3 and the command for the next. `list` shows every
+    """`solution N` points to the second hint; with --show it prints the whole solving file; --help
+    hides it. `hint 1 2` shows hint 2 of 3 and the command for the next. `list` shows every
     exercise of the checks folder, by number and title."""
     code, out, err = cli(capsys, "solution", "1")
     assert code == 1 and out == "" and "hint 1 2" in err and "--show" in err
@@ -197,25 +212,28 @@ def test_command_line_solution_hint_and_list(capsys):
 
 
 def test_show_mask_draws_figure_1_from_orthros_and_the_syllabus_rows_are_true():
-    """`show mask`: base rows see keys t-w+1 ... t; output rows see every key up to their twin's position. Each row of
-    exercises/README.md's syllabus names an exercise by its checker's title and check command (a new exercise runs
-    before its row is written); the main README links the page."""
+    """`show mask`: base rows see keys t-w+1 ... t; output rows every key up to their twin's
+    position. Each syllabus row of exercises/README.md names an exercise by its checker's title and
+    check command; the main README links the page."""
     rows, t, j = pattern(16, 4, 4), torch.arange(16)[:, None], torch.arange(16)[None, :]
-    assert torch.equal(rows[:16], (j <= t) & (t - j < 4)) and torch.equal(rows[16:], j <= torch.arange(12, 16)[:, None])
-    rows = [line for line in (REPO / "exercises" / "README.md").read_text().splitlines() if re.match(r"\| \d+ \|", line)]
+    assert torch.equal(rows[:16], (j <= t) & (t - j < 4))
+    assert torch.equal(rows[16:], j <= torch.arange(12, 16)[:, None])
+    page = (REPO / "exercises" / "README.md").read_text().splitlines()
+    rows = [line for line in page if re.match(r"\| \d+ \|", line)]
     assert rows and all(load_spec(int(row.split("|")[1])).TITLE in row for row in rows), rows
     assert all(f"`python -m exercises check {int(row.split('|')[1])}`" in row for row in rows), rows
     assert "(exercises/README.md)" in (REPO / "README.md").read_text()
 
 
 def test_the_exercises_are_numbered_once_and_counted_as_the_checks_folder_does(tmp_path):
-    """Two checkers of one number (two teachers' branches merged) are an error naming both, not an exercise gone; every
+    """Two checkers of one number (two teachers' branches merged) are an error naming both; every
     count of the exercises in words on the pages ("ten exercises") is the number of checkers."""
     for name in ("ex05_conversion.py", "ex05_my_topic.py", "ex06_reach.py"):
         (tmp_path / name).touch()
-    with pytest.raises(ImportError, match="two checkers numbered 5, ex05_conversion.py and ex05_my_topic.py"):
+    with pytest.raises(ImportError, match="two checkers numbered 5, ex05_conversion.py and ex05"):
         framework.numbered(tmp_path)
-    words = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen".split()
+    words = "zero one two three four five six seven eight nine ten eleven twelve thirteen".split()
     for page in ("README.md", "exercises/README.md", "exercises/__init__.py"):
-        for word in re.findall(rf"\b({'|'.join(words)})(?: [\w-]+)? exercises\b", (REPO / page).read_text().lower()):
+        text = (REPO / page).read_text().lower()
+        for word in re.findall(rf"\b({'|'.join(words)})(?: [\w-]+)? exercises\b", text):
             assert words.index(word) == len(EXERCISES), f"{page} counts {word} exercises"
