@@ -86,11 +86,7 @@ def run(argv):
 
 
 def numbers():
-    """The exercises' numbers in words: "1 to 10", or "1 to 10, 12" with a gap."""
-    runs = []
-    for n in sorted(EXERCISES):
-        runs[-1:] = [[runs[-1][0], n]] if runs and runs[-1][1] == n - 1 else runs[-1:] + [[n, n]]
-    return ", ".join(f"{a} to {b}" if b > a else str(a) for a, b in runs)
+    return ", ".join(map(str, EXERCISES))
 
 
 def exercise_number(text):
@@ -313,21 +309,9 @@ DOMAIN = {"output_positions": Domain(pairs=True, T=[1, 2, 5, 2048],
 ALSO_RIGHT = "def output_positions(T, t_out):\\n    return [T - t_out + i for i in range(t_out)]\\n"
 '''
 
-HINTS = """
-## STEM
-
-### 1
-
-The output positions are a suffix of the sequence: the last t_out of its T positions.
-
-### 2
-
-Positions count from 0: the last one is T - 1, the first of the last t_out is T - t_out.
-
-### 3
-
-Paper, section 3.2: SFT has T_in = T - T_out; the output-specific tokens are the last T_out.
-"""
+HINTS = ("\n## STEM\n\n### 1\n\nThe output positions are a suffix: the last t_out of the T positions."
+         "\n\n### 2\n\nPositions count from 0: the last is T - 1, the first of the last t_out T - t_out."
+         "\n\n### 3\n\nPaper, section 3.2: SFT has T_in = T - T_out; the output tokens are the last.\n")
 
 
 if __name__ == "__main__":

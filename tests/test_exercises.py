@@ -178,7 +178,7 @@ def test_command_line_errors_are_one_line(capsys, args):
     valid, exit != 0; the teachers' commands are not advertised."""
     code, out, err = cli(capsys, *args)
     assert code not in (0, None) and out == "" and len(err.strip().splitlines()) == 1, err
-    assert re.search(r"from 1 to|hints 1 to|1, 2 or 3|choose from|lower-case", err), err
+    assert re.search(r"one from 1, 2|hints 1 to|1, 2 or 3|choose from|lower-case", err), err
     assert args != ["bogus"] or ("solution" not in err and "'new'" not in err)
 
 
