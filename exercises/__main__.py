@@ -19,7 +19,6 @@ import re
 import shutil
 import sys
 import textwrap
-from unittest import mock
 
 from exercises import framework
 from exercises.framework import EXERCISES, MINE, STUBS, Result, load_spec, relpath
@@ -53,7 +52,7 @@ def run(argv):
     sub.add_parser("list", help="the exercises")
     for command, what in (("start", "make your copy of an exercise"), ("check", "check one")):
         p = sub.add_parser(command, help=f"{what}: N or all")
-        p.add_argument("which", help=f"{numbers()}, or all")
+        p.add_argument("which", help=f"{NUMBERS}, or all")
     p.add_argument("--solution", action="store_true", help=argparse.SUPPRESS)   # teachers
     p.add_argument("--runs", default=os.environ.get("ORTHROS_RECALL_RUNS"),
                    help="exercise 10: the trained runs, swa=DIR,orthros=DIR")
@@ -70,9 +69,8 @@ def run(argv):
     p.add_argument("--T", type=int, default=16, help="sequence length")
     p.add_argument("--w", type=int, default=4, help="window")
     p.add_argument("--t_out", type=int, default=4, help="output positions")
-    p.add_argument("--png", default=None, help="where to write the picture (needs matplotlib); '' "
-                   "for none (default: out/attention_pattern.png, none with --mine)")
-    p.add_argument("--mine", action="store_true", help="draw it with your exercise 1")
+    p.add_argument("--png", default=str(framework.REPO / "out" / "attention_pattern.png"),
+                   help="where to write the picture (needs matplotlib); '' for none")
     args = parser.parse_args(argv)
     if args.command in ("list", "hint", "solution", "new", "show"):
         return {"list": lambda: list_exercises(), "hint": lambda: hint(args.n, args.k),
@@ -85,15 +83,21 @@ def run(argv):
     return run_checks(which, args.solution, parse_runs(args.runs, parser))
 
 
-def numbers():
-    return ", ".join(map(str, EXERCISES))
+def argument(test, what):
+    """An argparse type: the text (a number as an int) where test(text), else what it is not."""
+    def parse(text):
+        if not test(text):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return int(text) if text.isdigit() else text
+    return parse
 
 
-def exercise_number(text):
-    if not text.isdigit() or int(text) not in EXERCISES:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an exercise: choose one from "
-                                         f"{numbers()}")
-    return int(text)
+NUMBERS = ", ".join(map(str, EXERCISES))
+exercise_number = argument(lambda t: t.isdigit() and int(t) in EXERCISES,
+                           f"an exercise: choose one from {NUMBERS}")
+hint_number = argument(str.isdigit, "a hint number: 1, 2 or 3")
+exercise_name = argument(lambda t: re.fullmatch(r"[a-z][a-z0-9_]*", t), "a name for an exercise: "
+                         "lower-case letters, digits and _")
 
 
 def number_or_error(text, parser, command):
@@ -101,19 +105,6 @@ def number_or_error(text, parser, command):
         return exercise_number(text)
     except argparse.ArgumentTypeError as e:
         parser.error(f"{command}: {e}, or all")
-
-
-def hint_number(text):
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a hint number: 1, 2 or 3")
-    return int(text)
-
-
-def exercise_name(text):
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a name for an exercise: lower-case "
-                                         "letters, digits and _")
-    return text
 
 
 def parse_runs(text, parser):
@@ -189,27 +180,9 @@ def solution(n, teacher):
 
 def show(args):
     from exercises.show import show_mask
-    png = args.png if args.png is not None else "" if args.mine else str(
-        framework.REPO / "out" / "attention_pattern.png")
-    if png:
-        os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
-    if not args.mine:
-        return show_mask(args.T, args.w, args.t_out, png)
-    spec, path = load_spec(1), MINE / f"{EXERCISES[1]}.py"
-    mine = framework.load_answer(spec, path.read_text(), path) if path.is_file() else None
-    if mine is None or mine.problem or not mine.started:
-        problem = mine and mine.problem or "exercise 1 is not started: python -m exercises start 1"
-        print(f"python -m exercises: {problem}", file=sys.stderr)
-        return 1
-    print(f"With YOUR in_window and attention_mask ({relpath(path)}):\n")
-    with mock.patch.multiple(framework.orthros, in_window=mine.functions["in_window"],
-                             attention_mask=mine.functions["attention_mask"]):
-        try:
-            return show_mask(args.T, args.w, args.t_out, png)
-        except NotImplementedError:
-            print("python -m exercises: exercise 1 is not finished: write in_window and "
-                  "attention_mask first", file=sys.stderr)
-            return 1
+    if args.png:
+        os.makedirs(os.path.dirname(os.path.abspath(args.png)), exist_ok=True)
+    return show_mask(args.T, args.w, args.t_out, args.png)
 
 
 def run_checks(which, use_solution, runs):
@@ -309,9 +282,9 @@ DOMAIN = {"output_positions": Domain(pairs=True, T=[1, 2, 5, 2048],
 ALSO_RIGHT = "def output_positions(T, t_out):\\n    return [T - t_out + i for i in range(t_out)]\\n"
 '''
 
-HINTS = ("\n## STEM\n\n### 1\n\nThe output positions are a suffix: the last t_out of the T positions."
+HINTS = ("\n## STEM\n\n### 1\n\nThe output positions are a suffix: the last t_out of the T."
          "\n\n### 2\n\nPositions count from 0: the last is T - 1, the first of the last t_out T - t_out."
-         "\n\n### 3\n\nPaper, section 3.2: SFT has T_in = T - T_out; the output tokens are the last.\n")
+         "\n\n### 3\n\nPaper, section 3.2: SFT has T_in = T - T_out; the output tokens are last.\n")
 
 
 if __name__ == "__main__":

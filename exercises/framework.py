@@ -1,16 +1,14 @@
-"""The checker every exercise shares: one contract, checked on every function of every exercise.
-
-An exercise declares each function's domain as data (a Domain); the framework draws inputs from
-it with a fixed seed, smallest first, and calls the answer and the reference on copies of each.
-They must agree on:
+"""The checker every exercise shares: one contract, on every function of every exercise. Inputs
+drawn from the function's Domain with a fixed seed, smallest first; on each, the answer and the
+reference agree on:
   inputs    every argument as the reference leaves it (unchanged, but what the reference updates);
   values    the output's form (type; shape, dtype, device; length, keys, attributes), then values;
   autograd  requires_grad of each output tensor; the gradients of the floating inputs and weights;
-  repeats   a second call after the caller changed the first output in place, and a call after
-            the inputs changed in place (new values in the same tensors, modules, folders).
+  repeats   a call after the caller changed the first output in place, and after the inputs
+            changed in place (new values in the same tensors, modules, folders).
 A crash is a FAIL naming the input. Then the checker's PROPERTIES (what no reference call shows),
-then its after_pass summary. While the answer runs, the reference and FORBIDDEN raise however they
-are reached, and a file importing from exercises/ is refused.
+then its after_pass summary. The reference and FORBIDDEN raise while the answer runs, however they
+are reached; a file importing from exercises/ is refused.
 """
 
 import ast
@@ -61,12 +59,11 @@ POOL, REPEATS = 300, 2   # random draws the inputs are picked from; inputs calle
 
 
 class Domain:
-    """A function's inputs, as data. params: each parameter's values, a list (or a function of the
-    parameters before it; a value listed n times is drawn n times as often). The inputs hold every
-    value of every parameter, every two values of each of `pairs` (True: all), and `draws` random
-    ones. build(seed, **params) -> arguments (besides the parameters of the function's names), its
-    random values from seed. The framework reads three parameters: dtype (floating inputs converted
-    to it), place (inputs moved to that device), default (the default device during the call)."""
+    """A function's inputs, as data: each parameter's values, a list or a function of the ones
+    before (a value listed n times is drawn n times as often). The inputs hold every value, every
+    two values of each of `pairs` (True: all), and `draws` random ones. build(seed, **params) ->
+    the arguments not among params, random by seed. The framework reads: dtype (floating inputs
+    converted), place (inputs moved there), default (the default device during the call)."""
 
     def __init__(self, build=None, pairs=(), draws=10, **params):
         self.build, self.pairs, self.draws, self.params = build, pairs, draws, params
@@ -79,16 +76,10 @@ Answer = collections.namedtuple("Answer", "functions path problem started truste
 Run = collections.namedtuple("Run", "out before after grads")   # a call, its inputs before, after
 
 
-class Fail(Exception): """The answer fails: args[0] says how."""
-
-
-class NotReady(Exception): """What the check needs is not there yet (the recall lab's runs)."""
-
-
-class Refused(Exception): """The answer's code called something its exercise refuses."""
-
-
-class NotStarted(Exception): """The answer still raises the stub's NotImplementedError."""
+# The answer fails (args[0] says how); what the check needs is not there yet (the recall lab's
+# runs); the answer called what its exercise refuses; it still raises the stub's NotImplementedError
+Fail, NotReady, Refused, NotStarted = (type(name, (Exception,), {})
+                                       for name in ("Fail", "NotReady", "Refused", "NotStarted"))
 
 
 def load_spec(n):
@@ -159,8 +150,7 @@ def refused_functions(spec):
 
 
 def refusing(*args, **kwargs):
-    """The code of each refused function while the answer runs: among that function's globals, it
-    reaches this module by __import__; its co_filename names the function."""
+    """Each refused function's code while the answer runs (co_filename: the function's name)."""
     here = __import__("exercises.framework", fromlist=["STATE"])
     name = here.sys._getframe().f_code.co_filename
     here.STATE.refusals.append(here.Refused(f"your code called {name} ({here.STATE.why[name]}), "
@@ -276,7 +266,7 @@ def contract(spec, name, fn):
     """On each input, smallest first, the answer agrees with the reference on every property."""
     drawn = draws(spec.DOMAIN[name])
     values = [i for i, params in enumerate(drawn) if "meta" not in params.values()]   # (meta: none)
-    again = {values[len(values) * (k + 1) // (REPEATS + 1)] for k in range(REPEATS)} if values else ()
+    again = {values[len(values) * (k + 1) // (REPEATS + 1)] for k in range(REPEATS * bool(values))}
     for i, params in enumerate(drawn):
         inputs = make(spec, name, params)
         at = f"your {name} {{}} at {call_text(name, inputs, params)}:\n  "
@@ -303,9 +293,9 @@ def reference(spec, name, params, seed=0):
 
 
 def observe(fn, inputs, params):
-    """fn called on inputs: its output, the inputs before and after, the gradients of the floating
-    inputs and the weights where the output requires grad (in float64, inputs up to 1e3: a
-    saturated softmax's are inexact). What it raises is fn's."""
+    """fn on inputs: its output, the inputs before and after, the gradients of the floating inputs
+    and weights where the output requires grad (in float64, inputs up to 1e3: no saturated
+    softmax). What it raises is fn's."""
     try:
         before = snapshot(inputs)
         torch.manual_seed(0)   # dropout: the same masks for the reference and the answer
@@ -344,8 +334,7 @@ def autograd(mine, ref):
 
 
 def changes(mine, ref):
-    """How the answer left its inputs otherwise than the reference left its own, in words, or
-    None: as they were where the reference leaves them so, else as the reference leaves them."""
+    """Where the answer leaves its inputs otherwise than the reference, in words, or None."""
     for path in dict.fromkeys([*ref.after, *mine.after]):
         kept = not difference(ref.after.get(path, GONE), ref.before.get(path, GONE))
         right = (mine.before if kept else ref.after).get(path, GONE)
@@ -359,8 +348,7 @@ def changes(mine, ref):
 
 
 def repeat(spec, name, fn, params, inputs, mine, at):
-    """Called again: after the caller changed the first output in place, then after the inputs
-    changed in place."""
+    """Called again after the caller changed the first output, then after the inputs changed."""
     with torch.no_grad():
         spoil(mine.out)
     shared = changes(Run(0, mine.after, snapshot(inputs), 0), Run(0, mine.after, mine.after, 0))
@@ -471,9 +459,8 @@ GONE = object()   # what is at a path that is not there
 
 
 def flat(x, path=""):
-    """x as {path: value}: a tensor's copy and requires_grad, another value, a container's type and
-    parts (a module's: its weights, and its submodules' public attributes and number of hooks; an
-    object's: its public attributes)."""
+    """x as {path: value}: a tensor's copy and requires_grad, a value, a container's type and parts
+    (a module's: weights, its submodules' public attributes and hooks; an object's: attributes)."""
     if isinstance(x, torch.Tensor):
         return {path: x.detach() if x.is_meta else x.detach().clone(),
                 f"{path}.requires_grad": x.requires_grad}
@@ -520,9 +507,11 @@ def difference(out, ref, label="your output"):
         return tensor_difference(out, ref)
     container = isinstance(ref, (tuple, list, dict))
     other = type(out) is not type(ref) and not (type(ref) is float and type(out) is int)
-    if other or container and (len(out) != len(ref) or isinstance(ref, dict) and set(out) != set(ref)):
-        both = f": yours {short(out)}, the reference {short(ref)}"
-        return f"{label} is {describe(out)}, expected {describe(ref)}" + both * (len(both) < 140)
+    keys = not other and isinstance(ref, dict) and set(out) != set(ref)
+    if other or keys or container and len(out) != len(ref):
+        kind = lambda x: type(x).__name__ + f" of {len(x)}" * isinstance(x, (tuple, list, dict))
+        return (f"{label} is a {kind(out)}, expected a {kind(ref)}: yours {short(out)}, the "
+                f"reference {short(ref)}")
     if container:
         for k in ref if isinstance(ref, dict) else range(len(ref)):
             problem = difference(out[k], ref[k], "yours")
@@ -549,16 +538,6 @@ def tensor_difference(out, ref, atol=None):
     allowed = f"; allowed {atol:g} + {rtol:g} x |reference|" if ref.is_floating_point() else ""
     return (f"{int(bad.sum())} of {bad.numel()} entries differ, the most at index {at}: yours "
             f"{out[at].item():.6g}, the reference {ref[at].item():.6g}{allowed}")
-
-
-def describe(value):
-    """The value's kind in words: "a tensor of shape (2, 3) (torch.float32)", "an int (3)"."""
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)} ({value.dtype})"
-    name = (value if isinstance(value, type) else type(value)).__name__
-    more = f" of {len(value)} items" if isinstance(value, (tuple, list, dict)) else \
-        f" ({short(value, 60)})" if isinstance(value, (bool, int, float, str)) else ""
-    return ("an " if name[0] in "aeiouAEIOU" else "a ") + name + more
 
 
 def short(x, limit=160):
@@ -608,10 +587,9 @@ def answer_line(error, mine=lambda filename: filename in ANSWER_FILES):
 
 def not_started(path, error=None):
     frame = traceback.extract_tb(error.__traceback__)[-1] if error is not None else None
-    how = "Open the file, read its docstring, and write it."
-    if Path(path).resolve().parent == STUBS:
-        how = f"Start it with `python -m exercises start {int(Path(path).name[2:4])}` (it copies " \
-            "the stub to exercises/mine/), then open that file, read its docstring, and write it."
+    how = f"Start it with `python -m exercises start {int(Path(path).name[2:4])}` (it copies the " \
+        "stub to exercises/mine/), then open" if Path(path).resolve().parent == STUBS else "Open"
+    how += " the file, read its docstring, and write it."
     what = f"`{frame.name}` in {relpath(frame.filename)}" if frame else relpath(path)
     return f"not started: {what} still raises NotImplementedError. {how}"
 
@@ -619,9 +597,8 @@ def not_started(path, error=None):
 # What the checks share: tiny models drawn in float64, inputs, a model with the answer patched in
 
 def tiny_model(attn="orthros", seed=0, **overrides):
-    """A tiny model in eval mode, its weights drawn in float64 (what float32 cannot hold), vectors
-    and conv moved; up to 64 channels, W_Q, W_K, W_O at 16 times GPT-2's init: attention sharp and
-    strong enough that positions move the logits."""
+    """A tiny model in eval mode, drawn in float64, vectors and conv moved; up to 64 channels, W_Q,
+    W_K, W_O at 16 times GPT-2's init: attention sharp enough that positions move the logits."""
     config = orthros.OrthrosConfig(**{**dict(vocab_size=37, n_layer=2, n_head=2, n_embd=16,
                                              window=4, attn=attn, max_seq_len=512), **overrides})
     default = torch.get_default_dtype()
@@ -680,8 +657,7 @@ def randn(*shape, seed=0):
 
 
 def patched_logits(models, **patch):
-    """What differs, in words, when orthros.py's functions are the answer's (patch: {name: the
-    answer's function}), in the logits of each (attn, swa_impl, T, w, t_out) model; or None."""
+    """How each (attn, swa_impl, T, w, t_out) model's logits differ with patch in orthros.py."""
     for attn, swa_impl, T, w, t_out in models:
         model, idx = tiny_model(attn, window=w, swa_impl=swa_impl), tokens(2, T)
         with torch.no_grad():

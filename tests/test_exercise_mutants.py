@@ -1,5 +1,5 @@
-"""The checkers, proven by wrong answers a student could write, by class (tests/exercise_mutants.md):
-each fails, its report naming the property it breaks and the input."""
+"""The checkers, proven by wrong answers a student could write, by class: each of
+tests/exercise_mutants.md fails, its report naming the property it breaks and the input."""
 
 import collections
 from pathlib import Path
@@ -26,7 +26,7 @@ def catalogue(path=Path(__file__).with_name("exercise_mutants.md")):
             edits, side = found[-1].edits, line[0] == "+"
             if not edits or edits[-1][1] is not None and not side:
                 edits.append([None, None])
-            edits[-1][side] = line[1:] if edits[-1][side] is None else f"{edits[-1][side]}\n{line[1:]}"
+            edits[-1][side] = line[1:] if edits[-1][side] is None else edits[-1][side] + "\n" + line[1:]
     return found
 
 

@@ -77,10 +77,9 @@ def test_an_answer_written_in_place_is_not_checked_and_check_says_so(mine, tmp_p
 
 
 def copy_of_the_repository(source, root, teacher):
-    """The course as source holds it (its files, tracked or not, but a student's: exercises/mine/,
-    exercises/exNN_*.py) in root, committed; then every exercise solved in exercises/mine/ (one
-    half-finished: it raises) and in place, in exercises/exNN_*.py; with teacher, `new tiny_lab`
-    and all of it committed, mine/ with `git add -f`. Returns the files git shows changed."""
+    """The course as source holds it, committed in root; then every exercise solved in mine/ (one
+    half-finished) and in place; with teacher, `new tiny_lab` and all of it committed (mine/ with
+    `git add -f`). Returns the files git shows changed."""
     def git(*args):
         return subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=t@example.com",
                                "-c", "commit.gpgsign=false", *args], cwd=root, check=True,

@@ -27,8 +27,7 @@ NO_RUNS = {"runs": {"swa": "/nowhere/swa", "orthros": "/nowhere/orthros"}}   # t
 
 
 def test_the_recall_lab_passes_on_trained_runs(recall_runs):
-    """The recall lab's reference passes on the two runs trained in this test session, whatever
-    their task's window, depth and vocabulary (its checker reads them from the runs)."""
+    """The recall lab's reference passes on the two runs trained in this session (recall_micro)."""
     spec, runs = load_spec(10), {attn: str(path) for attn, path in recall_runs.items()}
     result = framework.check(spec, spec.REFERENCE, runs=runs)
     assert result.status == "PASS" and "beyond n_layer * w" in result.message, result.message
@@ -36,10 +35,8 @@ def test_the_recall_lab_passes_on_trained_runs(recall_runs):
 
 @pytest.mark.parametrize("n", NUMBERS, ids=IDS)
 def test_the_stored_solution_and_another_right_answer_pass_on_inputs_at_the_papers_sizes(n):
-    """The file `solution N --show` prints, checked as a student's, passes; so does a right answer
-    written otherwise (ALSO_RIGHT, or solutions/exNN_*_also.py): the contract tests what the
-    docstring asks (the recall lab: its made-up runs, then it waits). An input is at the paper's
-    sizes (PAPER)."""
+    """The file `solution N --show` prints passes, and a right answer written otherwise (ALSO_RIGHT,
+    or solutions/exNN_*_also.py); an input is at the paper's sizes (PAPER)."""
     spec, also = load_spec(n), framework.SOLUTIONS / f"{EXERCISES[n]}_also.py"
     right = "waiting" if hasattr(spec, "DEFAULT_RUNS") else "PASS"
     also = getattr(spec, "ALSO_RIGHT", 0) or also.read_text()
@@ -54,9 +51,8 @@ def test_the_stored_solution_and_another_right_answer_pass_on_inputs_at_the_pape
 
 @pytest.mark.parametrize("n", NUMBERS, ids=IDS)
 def test_the_untouched_stub_and_the_second_hint(n):
-    """The stub reports "not started", naming the function to write and how to start; each function
-    has the solution's exact signature and is the stub's own, never the one it replaces. No line of
-    the solution's code (20 characters or more) is in hint 2 (shapes or pseudocode)."""
+    """The stub is "not started" (naming the function and how to start); its functions have the
+    solution's signatures, are its own; no line of the solution's code is in hint 2."""
     spec = load_spec(n)
     stub = framework.stub_source(spec)
     answer = framework.load_answer(spec, stub, framework.STUBS / f"{EXERCISES[n]}.py")
@@ -94,8 +90,8 @@ def check(answer, spec=None):
 
 
 def test_the_inputs_hold_every_value_every_pair_asked_and_come_smallest_first():
-    """Every value of every parameter (a function of those before it too) is in an input, and so is
-    every two values of a pair asked for; inputs on meta come last, the others smallest first."""
+    """Every value of every parameter is in an input, and every two values of a pair asked for;
+    inputs on meta come last, the others smallest first."""
     domain = Domain(pairs=[("a", "b")], draws=0, a=[0, 1, 2, 3], b=lambda a: [a, a + 10],
                     c=list("xyz"), place=["cpu", "meta"])
     drawn = framework.draws(domain)
@@ -182,24 +178,15 @@ def test_command_line_errors_are_one_line(capsys, args):
     assert args != ["bogus"] or ("solution" not in err and "'new'" not in err)
 
 
-def test_command_line_check_all_counts_every_exercise_and_ctrl_c_prints_one_line(capsys,
-                                                                                monkeypatch):
-    """`check ALL --solution` checks every exercise in the checks folder, and counts them; Ctrl-C
-    while a check runs: one line on stderr, exit 130."""
-    monkeypatch.setattr(framework, "check", lambda spec, answer, **options: Result("PASS"))
-    code, out, _ = cli(capsys, "check", "ALL", "--solution")
-    assert code == 0 and f"{len(NUMBERS)} of {len(NUMBERS)} PASS" in out, out
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(framework, "check", interrupted)
-    code, _, err = cli(capsys, "check", "1", "--solution")
-    assert code == 130 and err.strip() == "python -m exercises: interrupted"
+def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
 
 
-def test_command_line_solution_hint_and_list(capsys):
-    """`solution N` points to the second hint; with --show it prints the whole solving file; --help
-    hides it. `hint 1 2` shows hint 2 of 3 and the command for the next. `list` shows every
-    exercise of the checks folder, by number and title."""
+def test_command_line_check_all_solution_hint_list_and_ctrl_c(capsys, monkeypatch):
+    """`check ALL --solution` checks and counts every exercise of the checks folder; `solution N`
+    points to the second hint, with --show prints the solving file, --help hides it; `hint 1 2`
+    shows hint 2 of 3 and the command for the next; `list` every exercise by number and title;
+    Ctrl-C while a check runs: one line on stderr, exit 130."""
     code, out, err = cli(capsys, "solution", "1")
     assert code == 1 and out == "" and "hint 1 2" in err and "--show" in err
     code, out, _ = cli(capsys, "solution", "1", "--yes-i-am-a-teacher")
@@ -209,6 +196,12 @@ def test_command_line_solution_hint_and_list(capsys):
     assert code == 0 and "hint 2 of 3" in out and "python -m exercises hint 1 3" in out
     code, out, _ = cli(capsys, "list")
     assert code == 0 and all(f"{n:>2}  {load_spec(n).TITLE}" in out for n in NUMBERS), out
+    monkeypatch.setattr(framework, "check", lambda spec, answer, **options: Result("PASS"))
+    code, out, _ = cli(capsys, "check", "ALL", "--solution")
+    assert code == 0 and f"{len(NUMBERS)} of {len(NUMBERS)} PASS" in out, out
+    monkeypatch.setattr(framework, "check", interrupted)
+    code, _, err = cli(capsys, "check", "1", "--solution")
+    assert code == 130 and err.strip() == "python -m exercises: interrupted"
 
 
 def test_show_mask_draws_figure_1_from_orthros_and_the_syllabus_rows_are_true():

@@ -1,6 +1,7 @@
 """Exercise 3, the t_out regimes: the checker. The references, live: the smallest t_out orthros.py's
 check_targets accepts, and the rows a hook on a model's first block counts."""
 
+import contextlib
 from types import SimpleNamespace
 
 import torch
@@ -17,12 +18,9 @@ PAPER = "T=2048"
 
 
 def smallest_t_out(targets):
-    def accepted(t_out):
-        try:
-            return check_targets(targets, t_out) is None
-        except ValueError:
-            return False
-    return next(t_out for t_out in range(1, targets.size(1) + 1) if accepted(t_out))
+    for t_out in range(1, targets.size(1) + 1):
+        with contextlib.suppress(ValueError):
+            return check_targets(targets, t_out) or t_out
 
 
 def rows(attn, T, t_out):

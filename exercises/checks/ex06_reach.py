@@ -16,9 +16,8 @@ PAPER = "n_layer=12, window=128"
 
 @functools.cache
 def measured_reach(n_layer, window):
-    """t minus the farthest position that moves the logits at t = T - 1 of a tiny SWA model: the
-    gradient of those logits with respect to each position's embedding is exactly zero beyond the
-    reach (perturbing tokens loses the farthest influences of deep models to rounding: (1/w)^L)."""
+    """How far back a tiny SWA model's logits at t = T - 1 reach: the gradient with respect to each
+    embedding is exactly zero beyond (perturbed tokens lose deep models' far influences, (1/w)^L)."""
     T = n_layer * (window - 1) + 3   # room for the whole reach and two positions beyond it
     model, kept = tiny_model("swa", n_layer=n_layer, window=window, n_embd=8, n_head=1,
                              max_seq_len=max(512, T)), []

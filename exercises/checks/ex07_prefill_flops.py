@@ -49,8 +49,7 @@ PROPERTIES = [patched_forward_flops]
 
 def after_pass(answer, **options):
     """The FLOP limit of Orthros's prefill speedup (your count) beside one measured here."""
-    cfgs = {attn: OrthrosConfig(**SIZES[BENCH], attn=attn)
-            for attn in ("transformer", "orthros")}
+    cfgs = {attn: OrthrosConfig(**SIZES[BENCH], attn=attn) for attn in ("transformer", "orthros")}
     models = {attn: Orthros(cfg).eval() for attn, cfg in cfgs.items()}
     lines = ["Prefill, Orthros against the Transformer, at perf/bench.py's --tiny size (2 layers, "
              "C=128, w=16), float32, 1 CPU thread, the fastest of 3 runs:",
@@ -62,5 +61,4 @@ def after_pass(answer, **options):
                    for attn, m in models.items()}
         lines.append(f"  {T:>6} {count['transformer'] / count['orthros']:>18.2f}x "
                      f"{seconds['transformer'] / seconds['orthros']:>16.2f}x")
-    return "\n".join(lines + ["  The measured speedup is printed, never checked: it depends on the "
-                              "machine and its load."])
+    return "\n".join(lines + ["  The measured speedup is printed, never checked: it varies."])

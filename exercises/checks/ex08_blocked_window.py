@@ -6,6 +6,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import orthros
+from exercises import framework
 from exercises.framework import Domain, patched_logits, randn, within
 
 TITLE, DIFFICULTY, MINUTES = "The sliding window in O(T w)", 4, 50
@@ -49,9 +50,8 @@ class LargestTensor(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in (out if isinstance(out, (tuple, list)) else [out]):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.untyped_storage().nbytes() // t.element_size())
+        for t in framework.tensors(out if isinstance(out, (tuple, list)) else [out]):
+            self.largest = max(self.largest, t.untyped_storage().nbytes() // t.element_size())
         return out
 
 

@@ -49,11 +49,17 @@ def trained_runs(answer, runs=None, **options):
     """your summaries of your two trained runs, and what they show"""
     for attn in ("swa", "orthros"):
         path = trained_run(runs, attn)
-        mine = answer.recall_summary(path)
-        problem = difference(mine, solution.recall_summary(path), "your summary")
-        problem = problem or claim(attn, mine, path)
+        mine, guess = answer.recall_summary(path), chance(path)
+        beyond, where = mine["beyond"], f"recall_summary({str(path)!r}), your trained {attn} run"
+        problem = difference(mine, solution.recall_summary(path), "your summary") or (
+            f"{path} holds an {mine['attn']!r} run, not {attn!r}" if mine["attn"] != attn else
+            f"SWA answers {beyond:.2f} beyond n_layer * window (chance is {guess or '?'}): it "
+            "should not reach that far. Is it a sliding-window model, trained on recall?"
+            if attn == "swa" and beyond > (guess or 0.05) + SWA_ABOVE_CHANCE else
+            f"Orthros answers only {beyond:.2f} beyond n_layer * window. {RETRAIN}"
+            if attn == "orthros" and beyond < ORTHROS_BEYOND else None)
         if problem:
-            return f"recall_summary({str(path)!r}), your trained {attn} run: {problem}"
+            return f"{where}: {problem}"
 
 
 PROPERTIES = [trained_runs]
@@ -76,18 +82,6 @@ def chance(path):
         dataset = str(load_checkpoint(path / "ckpt_last.pt")["dataset"])
         meta = json.loads((find_dataset(dataset, prepare=False) / "meta.json").read_text())
         return 1 / meta["params"]["n_values"]
-
-
-def claim(attn, summary, path):
-    """What the run must show: SWA near chance beyond n_layer * window, Orthros answering there."""
-    guess, beyond = chance(path), summary["beyond"]
-    if summary["attn"] != attn:
-        return f"{path} holds an {summary['attn']!r} run, not {attn!r}"
-    if attn == "swa" and beyond > (guess or 0.05) + SWA_ABOVE_CHANCE:
-        return (f"SWA answers {beyond:.2f} beyond n_layer * window (chance is {guess or '?'}): it "
-                "should not reach that far. Is this a sliding-window model, trained on recall?")
-    if attn == "orthros" and beyond < ORTHROS_BEYOND:
-        return f"Orthros answers only {beyond:.2f} beyond n_layer * window. {RETRAIN}"
 
 
 def after_pass(answer, runs=None, **options):
