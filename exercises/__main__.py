@@ -23,9 +23,6 @@ import textwrap
 from exercises import framework
 from exercises.framework import EXERCISES, MINE, STUBS, Result, load_spec, relpath
 
-TEACHER_FLAGS = ("--yes-i-am-a-teacher", "--show")
-
-
 class Parser(argparse.ArgumentParser):
     """argparse, with its errors on one line (no usage block)."""
 
@@ -61,7 +58,7 @@ def run(argv):
     p.add_argument("k", type=hint_number, nargs="?", default=1)
     p = sub.add_parser("solution")   # teachers: not in --help (exercises/README.md documents it)
     p.add_argument("n", type=exercise_number)
-    for flag in TEACHER_FLAGS:
+    for flag in ("--yes-i-am-a-teacher", "--show"):
         p.add_argument(flag, action="store_true", dest="teacher")
     sub.add_parser("new").add_argument("name", type=exercise_name)   # teachers: a new exercise
     p = sub.add_parser("show", help="draw a picture: mask")
@@ -208,11 +205,10 @@ def run_checks(which, use_solution, runs):
         if len(which) > 1:
             print()
     if len(which) > 1:
-        others = ", ".join(f"{len(ns)} {status} (exercise{'s' * (len(ns) > 1)} "
-                           f"{', '.join(map(str, ns))})" for status, ns in counts.items()
-                           if status != "PASS")
-        passed = len(counts.get("PASS", []))
-        print(f"{passed} of {len(which)} PASS" + (f"; {others}" if others else ""))
+        others = "".join(f"; {len(ns)} {status} (exercise{'s' * (len(ns) > 1)} "
+                         f"{', '.join(map(str, ns))})" for status, ns in counts.items()
+                         if status != "PASS")
+        print(f"{len(counts.get('PASS', []))} of {len(which)} PASS{others}")
     return 0 if set(counts) <= {"PASS", "waiting"} else 1
 
 
@@ -245,9 +241,8 @@ def new(name):
         print(f"wrote {relpath(folder / f'{stem}.py')}")
     with open(framework.HERE / "hints.md", "a") as f:
         f.write(HINTS.replace("STEM", stem))
-    print(f"wrote its hints at the end of {relpath(framework.HERE / 'hints.md')}\nTry it: python "
-          f"-m exercises check {n} --solution; then make it yours (exercises/README.md, 'For "
-          "teachers').")
+    print(f"wrote its hints at the end of exercises/hints.md\nTry it: python -m exercises check "
+          f"{n} --solution; then make it yours (exercises/README.md, 'For teachers').")
     return 0
 
 
@@ -283,7 +278,7 @@ ALSO_RIGHT = "def output_positions(T, t_out):\\n    return [T - t_out + i for i 
 '''
 
 HINTS = ("\n## STEM\n\n### 1\n\nThe output positions are a suffix: the last t_out of the T."
-         "\n\n### 2\n\nPositions count from 0: the last is T - 1, the first of the last t_out T - t_out."
+         "\n\n### 2\n\nPositions count from 0: the last is T - 1, the first of the last T - t_out."
          "\n\n### 3\n\nPaper, section 3.2: SFT has T_in = T - T_out; the output tokens are last.\n")
 
 

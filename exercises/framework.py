@@ -619,13 +619,13 @@ def tiny_model(attn="orthros", seed=0, **overrides):
 
 # The zoo: tiny_model's overrides for each option of orthros.py. Every checker that takes a model
 # draws from it, so a new option reaches every exercise as one more member here.
-LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-              original_max_position_embeddings=64)
 ZOO = {"the original": {},
        "Llama-like: untied head, n_head=4 with n_kv_head=2 (GQA), SwiGLU, Q/K/V biases, norm_eps="
        "1e-5, rope_base=5e5, llama3 RoPE scaling": dict(
            tie_embeddings=False, n_head=4, n_kv_head=2, mlp="swiglu", mlp_hidden=40, qkv_bias=True,
-           norm_eps=1e-5, rope_base=500000.0, rope_scaling=LLAMA3),
+           norm_eps=1e-5, rope_base=500000.0, rope_scaling=dict(
+               rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+               original_max_position_embeddings=64)),
        "scale_offset=False (the paper's w/o SO)": dict(scale_offset=False),
        "dropout=0.1, in eval mode": dict(dropout=0.1), "conv_kernel=3": dict(conv_kernel=3),
        "3 layers, n_head=4, C=24, w=3, rope_base=500, vocab_size=50, seed 1": dict(

@@ -26,7 +26,8 @@ def catalogue(path=Path(__file__).with_name("exercise_mutants.md")):
             edits, side = found[-1].edits, line[0] == "+"
             if not edits or edits[-1][1] is not None and not side:
                 edits.append([None, None])
-            edits[-1][side] = line[1:] if edits[-1][side] is None else edits[-1][side] + "\n" + line[1:]
+            text = edits[-1][side]
+            edits[-1][side] = line[1:] if text is None else f"{text}\n{line[1:]}"
     return found
 
 

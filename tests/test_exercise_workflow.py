@@ -34,10 +34,9 @@ def mine(tmp_path, monkeypatch):
 
 
 def test_start_copies_the_stub_and_check_reads_the_copy(mine, capsys):
-    """Before `start`, `check 1` says "not started", with the command that makes the copy. `start 2`
-    writes exercises/mine/ex02_*.py (ignored by git) from the stub; `check 2` checks that file: "not
-    started" while it is the stub, PASS once solved; a second `start 2` refuses in one line; `start
-    all` copies the other stubs."""
+    """`check 1` before `start`: "not started", and the command. `start 2` copies the stub to mine/
+    (ignored by git); `check 2` checks it: "not started", then PASS once solved; a second `start 2`
+    refuses in one line; `start all` copies the other stubs."""
     assert main(["check", "1"]) == 1
     out = capsys.readouterr().out
     assert "not started" in out and "python -m exercises start 1" in out
@@ -108,11 +107,10 @@ def copy_of_the_repository(source, root, teacher):
 
 
 def test_the_tests_pass_in_a_copy_with_answers_everywhere_a_new_exercise_and_an_archive(tmp_path):
-    """In a copy with every exercise solved in place and in mine/, git shows just the answers and
-    what `new` writes; all committed (mine/ forced in), a copy of it holds the course alone; the
-    tests of what a student touches (stubs, command line, mine/), of the new exercise, and of
-    exercises 1 and 8 with orthros.py's locals renamed (checkers compare behaviour, not text) pass.
-    So do the student's workflow tests in a copy that is no git repository (a class's archive)."""
+    """In a copy with every exercise solved in place and in mine/ (git shows just those and what
+    `new` writes; a copy of it holds the course alone), the tests of what a student touches, of the
+    new exercise, of exercises 1 and 8 with orthros.py's locals renamed, pass; the student's also
+    in a copy that is no git repository (a class's archive)."""
     root, n = tmp_path / "copy", max(EXERCISES) + 1
     answers = [f"exercises/{name}.py" for name in EXERCISES.values()]
     written = [f"exercises/{part}/ex{n}_tiny_lab.py" for part in ("checks", "solutions", "stubs")]
