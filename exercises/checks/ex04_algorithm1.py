@@ -31,7 +31,7 @@ def inputs(seed, layer, B, T, t_out, rope_base, scale, **_):
 
 
 DOMAIN = {"orthros_attention": Domain(
-    inputs, pairs=[("layer", "dtype"), ("T", "t_out"), ("dtype", "scale"), ("layer", "T")],
+    inputs, pairs=[("T", "t_out"), ("dtype", "scale")], draws=5,
     layer=list(LAYERS), B=[1, 2], T=[1, 2, 3, 5, 8, 13, 300], rope_base=[10000.0, 500.0],
     t_out=lambda T: within(1, T, 1, 2, T - 1, T), dtype=[torch.float64, torch.float32, BF16],
     place=["cpu"] * 3 + ["meta"], scale=lambda dtype: [1.0, 1e3, 1e15][:1 + 2 * (dtype != BF16)])}

@@ -36,7 +36,7 @@ def inputs(seed, model, B, p, column, place, dtype, **_):
 
 
 DOMAIN = {"decode_step": Domain(
-    inputs, pairs=[("model", "dtype"), ("p", "dtype"), ("B", "column")], draws=5,
-    place=["cpu"] * 3 + ["meta"], model=lambda place: [*MODELS, *[WIDE][:place == "meta"]],
+    inputs, pairs=[("p", "dtype"), ("B", "column")], draws=3, place=["cpu"] * 5 + ["meta"],
+    model=lambda place: [*MODELS, *[WIDE][:place == "meta"]],
     B=[1, 2, 3], p=[1, 2, 3, 4, 5, 12, 257], column=[False, True],
     dtype=[torch.float64, torch.float32, torch.bfloat16])}
