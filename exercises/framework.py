@@ -119,9 +119,8 @@ def load_answer(spec, source, filename):
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             for name in (name for name in names if name.split(".")[0] == "exercises"):
                 return Answer({}, filename, f"{where} does not import: ImportError: line "
-                              f"{node.lineno} imports `{name}`, which is not available to your "
-                              "code: exercises/ holds the stored solutions and the checker. Write "
-                              "the function yourself.")
+                              f"{node.lineno} imports `{name}`, which is not available to your code "
+                              "(the stored solutions, the checker): write the function yourself.")
         with guarding(spec):
             exec(compile(tree, filename, "exec"), module.__dict__)
     except Exception as e:
@@ -236,10 +235,9 @@ def check(spec, impl, summary=True, **options):
 def run(spec, impl, summary, options):
     answer = impl if isinstance(impl, Answer) else Answer(
         {f: getattr(impl, f) for f in spec.FUNCTIONS}, trusted=impl is spec.REFERENCE)
-    if answer.problem:
-        return Result("FAIL", f"FAIL. {answer.problem}")
-    if not answer.started:
-        return Result("not started", not_started(answer.path))
+    if answer.problem or not answer.started:
+        return Result("FAIL", f"FAIL. {answer.problem}") if answer.started else \
+            Result("not started", not_started(answer.path))
     functions = guarded(spec, answer)
     try:
         for name in spec.FUNCTIONS:
@@ -535,9 +533,11 @@ def tensor_difference(out, ref, atol=None):
         return None
     gap = torch.where(bad, (out.double() - ref.double()).abs().nan_to_num(nan=math.inf), -1.0)
     at = tuple(int(i) for i in torch.nonzero(gap == gap.max())[0])   # the largest difference
-    allowed = f"; allowed {atol:g} + {rtol:g} x |reference|" if ref.is_floating_point() else ""
+    allowed, value = f"; allowed {atol:g} + {rtol:g} x |reference|", lambda x: f"{x[at].item():.6g}"
+    if not ref.is_floating_point():
+        allowed, value = "", lambda x: repr(x[at].item())
     return (f"{int(bad.sum())} of {bad.numel()} entries differ, the most at index {at}: yours "
-            f"{out[at].item():.6g}, the reference {ref[at].item():.6g}{allowed}")
+            f"{value(out)}, the reference {value(ref)}{allowed}")
 
 
 def short(x, limit=160):
@@ -557,13 +557,12 @@ def call_text(name, inputs, params):
 
 def show(x):
     if isinstance(x, torch.Tensor) and (x.numel() > 12 or x.is_meta or x.is_floating_point()):
-        return f"<{'x'.join(map(str, x.shape)) or '0-d'} {str(x.dtype)[6:]} tensor" + \
-            " on meta>" * x.is_meta + ">" * (not x.is_meta)
+        where = " on meta" * x.is_meta
+        return f"<{'x'.join(map(str, x.shape)) or '0-d'} {str(x.dtype)[6:]} tensor{where}>"
     if isinstance(x, torch.Tensor):
-        return f"torch.tensor({x.tolist()}" + (f", dtype={x.dtype})" if x.dtype != torch.int64
-                                                else ")")
-    return f"<{type(x).__name__}>" if is_object(x) else str(x) if isinstance(
-        x, torch.dtype) else repr(x)
+        return f"torch.tensor({x.tolist()}{f', dtype={x.dtype}' * (x.dtype != torch.int64)})"
+    return f"<{type(x).__name__}>" if is_object(x) else str(x) if type(x) is torch.dtype else \
+        repr(x)
 
 
 def one_line(error):

@@ -23,8 +23,7 @@ def smallest_t_out(targets):
             return check_targets(targets, t_out) or t_out
 
 
-def rows(attn, T, t_out):
-    """The rows of z a tiny model's first block receives in forward(idx, t_out)."""
+def rows(attn, T, t_out):   # of z, as a tiny model's first block receives them
     model, seen = tiny_model(attn, n_layer=1, max_seq_len=max(512, T)), []
     model.blocks[0].register_forward_pre_hook(lambda block, args: seen.append(args[0].size(1)))
     with torch.no_grad():
