@@ -119,8 +119,8 @@ def load_answer(spec, source, filename):
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             for name in (name for name in names if name.split(".")[0] == "exercises"):
                 return Answer({}, filename, f"{where} does not import: ImportError: line "
-                              f"{node.lineno} imports `{name}`, which is not available to your code "
-                              "(the stored solutions, the checker): write the function yourself.")
+                              f"{node.lineno} imports `{name}`, which is not available to your "
+                              "code (the stored solutions, the checker): write it yourself.")
         with guarding(spec):
             exec(compile(tree, filename, "exec"), module.__dict__)
     except Exception as e:
