@@ -29,11 +29,11 @@ def positions(seed, shape, n, far, dtype, **_):
 
 windows = lambda n, far=0: [None, *within(1, 2 ** 41, 1, 2, n - 1, n, n + 1, far, far + 1, 128)]
 DOMAIN = {"in_window": Domain(
-    positions, pairs=[("far", "window"), ("shape", "window")], draws=20, shape=SHAPES,
+    positions, pairs=[("far", "window"), ("shape", "window")], draws=5, shape=SHAPES,
     n=[1, 2, 3, 5, 8], far=[0, 127, 300, 2 ** 15 + 1, 2 ** 16 + 3, 2 ** 40],
     dtype=lambda far: [torch.int64] + [torch.int32] * (far < 2 ** 31), window=windows),
     "attention_mask": Domain(
-    pairs=[("n_k", "n_q"), ("n_k", "window"), ("n_q", "window"), ("device", "default")], draws=20,
+    pairs=[("n_k", "n_q"), ("n_k", "window"), ("n_q", "window"), ("device", "default")], draws=5,
     n_k=[0, 1, 2, 3, 5, 8, 300, 4096, 70000], window=lambda n_k: windows(n_k, 40000),
     n_q=lambda n_k: within(0, min(n_k, 300), 0, 1, 2, n_k - 1, n_k), device=[None, "cpu", "meta"],
     default=["cpu", "meta"])}

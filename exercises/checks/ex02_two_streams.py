@@ -23,6 +23,6 @@ def inputs(seed, model, B, T, **_):
 
 
 DOMAIN = {"two_stream_logits": Domain(
-    inputs, pairs=[("T", "dtype"), ("model", "dtype"), ("T", "t_out")], draws=5, model=list(ZOO),
+    inputs, pairs=[("T", "dtype"), ("T", "t_out")], draws=3, model=list(ZOO),
     B=[1, 2, 3], T=[1, 2, 3, 5, 9, 20, 300], t_out=lambda T: within(1, T, 1, 2, T - 1, T),
     dtype=[torch.float64, torch.float32, torch.bfloat16])}

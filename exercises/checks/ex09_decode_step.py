@@ -17,7 +17,7 @@ FORBIDDEN = dict.fromkeys((Orthros.forward, Orthros.prefill, Orthros.decode, Ort
                            Orthros.generate_tokens, *(f"perf.engine:{name}" for name in ENGINE)),
                           "it runs the forward pass (or the whole decode step) this exercise asks "
                           "you to build from the blocks")
-PAPER = "the paper's widths"
+PAPER, BF16 = "the paper's widths", torch.bfloat16
 MODELS = {**{f"attn='orthros', {name}": (name, "orthros") for name in ZOO},
           **{f"attn={attn!r}": ("the original", attn) for attn in ("swa", "transformer")}}
 WIDE = "the paper's widths: 2 layers of C=768, 6 heads, vocab_size=50304, w=128 (on meta)"
@@ -36,7 +36,7 @@ def inputs(seed, model, B, p, column, place, dtype, **_):
 
 
 DOMAIN = {"decode_step": Domain(
-    inputs, pairs=[("p", "dtype"), ("B", "column")], draws=3, place=["cpu"] * 5 + ["meta"],
-    model=lambda place: [*MODELS, *[WIDE][:place == "meta"]],
-    B=[1, 2, 3], p=[1, 2, 3, 4, 5, 12, 257], column=[False, True],
-    dtype=[torch.float64, torch.float32, torch.bfloat16])}
+    inputs, pairs=[("B", "column")], draws=3, place=["cpu"] * 5 + ["meta"],
+    model=lambda place: [*MODELS, *[WIDE][:place == "meta"]], B=[1, 2, 3], column=[False, True],
+    dtype=[torch.float64, torch.float32, torch.bfloat16],
+    p=lambda place, dtype: [1, 2, 3, 4, 5, 12, *[257][:dtype == BF16 and place == "cpu"]])}

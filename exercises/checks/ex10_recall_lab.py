@@ -41,8 +41,9 @@ def made_up_run(seed, attn, window, n_layer, path, **_):
 
 
 DOMAIN = {"recall_summary": Domain(
-    made_up_run, pairs=[("window", "n_layer"), ("path", "attn")], attn=["swa", "orthros"],
-    window=[2, 3, 4, 8, 32, 128], n_layer=[1, 2, 3, 4, 12], path=["str", "pathlib.Path"])}
+    made_up_run, pairs=[("path", "attn")], attn=["swa", "orthros"],
+    window=[2, 3, 4, 8, 32, 128], n_layer=lambda window: [12] if window == 128 else [1, 2, 3, 4],
+    path=["str", "pathlib.Path"])}
 
 
 def trained_runs(answer, runs=None, **options):
