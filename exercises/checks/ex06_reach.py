@@ -58,4 +58,5 @@ DOMAIN = {"positions_that_change": Domain(
     inputs, draws=3, model=list(MODELS), T=lambda model: [12] if faint(model) else [1, 2, 5, 8, 12],
     t=lambda model, T: [T - 1] if faint(model) else within(0, T - 1, 0, 1, T - 2, T - 1),
     dtype=lambda model: [torch.float64] + [torch.float32] * (not faint(model))),
-    "swa_reach": Domain(pairs=True, draws=0, n_layer=[1, 2, 3, 4, 12], window=[1, 2, 3, 4, 8, 128])}
+    "swa_reach": Domain(draws=5, window=[1, 2, 3, 4, 8, 128],
+                        n_layer=lambda window: [12] if window == 128 else [1, 2, 3, 4, 12])}
