@@ -35,7 +35,7 @@ DOMAIN = {"blocked_sliding_window_attention": Domain(
     window=lambda T: within(1, 300, 1, 2, T - 1, T, T + 1, 128, 200), views=[False, True],
     dropout_p=[0.0, 0.5], dtype=[torch.float64, torch.float32, BF16],
     scale=lambda dtype: [1.0, 1e3, 1e15][:1 + 2 * (dtype != BF16)],
-    shape=lambda T, place, dtype: SHAPES + [(2, 6, 128)] * (   # the paper's D: meta, or small, exact
+    shape=lambda T, place, dtype: SHAPES + [(2, 6, 128)] * (   # the paper's D: meta, or small
         place == "meta" or T < 64 and dtype != BF16))}
 
 
