@@ -28,15 +28,13 @@ def measured_reach(n_layer, window):
 
 REFERENCE = SimpleNamespace(positions_that_change=solution.positions_that_change,
                             swa_reach=measured_reach)
-# The models: (zoo member, attn, overrides, how faint the attention's output: far influences are)
+# The models: (zoo member, attn, overrides, the attention output's scale: far influences faint)
 MODELS = {"swa, 1 layer, w=2": ("the original", "swa", dict(n_layer=1, window=2), 1),
-          "swa, 1 layer, w=3, vocab_size=11": ("the original", "swa",
-                                               dict(n_layer=1, window=3, vocab_size=11), 1),
-          "orthros, 3 layers, w=2": ("the original", "orthros", dict(n_layer=3, window=2), 1),
-          "transformer, 2 layers": ("the original", "transformer", dict(n_layer=2), 1),
+          "swa, w=3, vocab_size=11": ("the original", "swa", dict(window=3, vocab_size=11), 1),
+          "swa, 2 layers, conv_kernel=3": ("conv_kernel=3", "swa", {}, 1),
+          "transformer, 2 layers": ("the original", "transformer", {}, 1),
           **{f"swa, 3 layers, w=2, attention outputs x {faint} (far influences faint)": (
               "the original", "swa", dict(n_layer=3, window=2), faint) for faint in (1e-3, 1e-5)},
-          **{f"swa, 2 layers, {name}": (name, "swa", dict(n_layer=2), 1) for name in ZOO},
           **{f"orthros, 2 layers, w=2, {name}": (name, "orthros", dict(n_layer=2, window=2), 1)
              for name in ZOO}}
 
