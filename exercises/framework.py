@@ -524,7 +524,7 @@ def difference(out, ref, label="your output"):
 
 def tensor_difference(out, ref, atol=None):
     """How out's values differ from ref's (to TOLERANCE; none on meta), in words, or None."""
-    if out.is_meta or ref.is_meta:
+    if out.is_meta or ref.is_meta or torch.equal(out, ref):
         return None
     tol, rtol = TOLERANCE.get(ref.dtype, (0.0, 0.0))
     out, ref, atol = out.detach(), ref.detach(), tol if atol is None else atol

@@ -1,10 +1,11 @@
 """Exercise 4, Algorithm 1 with the scale-offsets: the checker. The reference: the layer's own."""
 
+import copy
 from types import SimpleNamespace
 
 import torch
 
-from exercises.framework import ZOO, Domain, member, randn, within
+from exercises.framework import ZOO, Domain, made, randn, within
 from orthros import Block, Orthros, OrthrosAttention, rope_cos_sin
 
 TITLE, DIFFICULTY, MINUTES = "Algorithm 1 with the scale-offsets", 3, 45
@@ -23,7 +24,8 @@ LAYERS = {**{f"{name}, w=3": (name, dict(window=3)) for name in ZOO if "conv" no
 
 
 def inputs(seed, layer, B, T, t_out, rope_base, scale, **_):
-    attn = member(LAYERS[layer][0], seed=seed, **LAYERS[layer][1]).blocks[-1].attn
+    name, more = LAYERS[layer]
+    attn = copy.deepcopy(made(name, "orthros", seed, **more).blocks[-1].attn)   # the layer alone
     at = torch.cat([torch.arange(T), torch.arange(T - t_out, T)])   # an output token at its twin's
     cos, sin = rope_cos_sin(at, attn.head_dim, rope_base, torch.float64)
     return dict(attn=attn, z=scale * randn(B, T + t_out, attn.n_head * attn.head_dim, seed=seed),
