@@ -11,7 +11,7 @@ from exercises.solutions import ex06_reach as solution
 
 TITLE, DIFFICULTY, MINUTES = "How far each stream can see", 3, 30
 FUNCTIONS = ("positions_that_change", "swa_reach")
-PAPER = "n_layer=12, window=128"
+PAPER = "n_layer=12"
 
 
 @functools.cache
