@@ -6,9 +6,8 @@
     python -m exercises hint 4          the first hint of exercise 4; `hint 4 2` the second, ...
     python -m exercises show mask       the attention pattern of Figure 1, from orthros.py
 
-Your answers live in exercises/mine/ (git ignores it); exercises/stubs/ holds the course's stubs.
-The recall lab (exercise 10) reads two trained runs: --runs swa=DIR,orthros=DIR (or the variable
-ORTHROS_RECALL_RUNS), by default out/lab-recall-swa and out/lab-recall-orthros.
+Your answers live in exercises/mine/ (git ignores it). The recall lab (exercise 10) reads two runs:
+--runs swa=DIR,orthros=DIR (or ORTHROS_RECALL_RUNS), by default out/lab-recall-swa and -orthros.
 The syllabus, and what the checker refuses: exercises/README.md.
 """
 

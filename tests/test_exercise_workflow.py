@@ -84,8 +84,9 @@ def copy_of_the_repository(source, root, teacher):
                                "-c", "commit.gpgsign=false", *args], cwd=root, check=True,
                               capture_output=True, text=True)
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=source, capture_output=True, text=True, check=True).stdout
-    for name in listed.split("\0"):
+                            cwd=source, capture_output=True, text=True).stdout.split("\0")
+    for name in listed if listed != [""] else map(str, source.rglob("*")):   # (an archive: no git)
+        name = os.path.relpath(source / name, source)
         if (source / name).is_file() and not re.match(r"exercises/(mine/|ex\d\d_)", name):
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source / name, root / name)
