@@ -111,8 +111,7 @@ def parse_runs(text, parser):
 
 
 def list_exercises():
-    print(f"{'#':>2}  {'exercise':<36} {'kind':<17} {'difficulty':<10} {'minutes':>7}  your "
-          "file")
+    print(f"{'#':>2}  {'exercise':<36} {'kind':<17} {'difficulty':<10} {'minutes':>7}  your file")
     for n, name in EXERCISES.items():
         spec, mine = load_spec(n), MINE / f"{name}.py"
         where = relpath(mine) if mine.is_file() else f"(python -m exercises start {n})"
@@ -219,8 +218,7 @@ def in_place(n, spec):
               if isinstance(node, ast.FunctionDef) and node.name in spec.FUNCTIONS]
     edited = any(not (isinstance(b, ast.Raise) and ast.unparse(b) == "raise NotImplementedError")
                  for b in bodies)
-    mine = relpath(MINE / f"{name}.py")
-    then = ", then `git checkout` the stub"
+    mine, then = relpath(MINE / f"{name}.py"), ", then `git checkout` the stub"
     return [f"NOTE: {relpath(path)} is not checked: check reads only your copy, {mine} (python -m "
             f"exercises start {n} makes it; move your work there{then * (path == stub)})"
             for path, found in ((old, old.exists()), (stub, edited)) if found]

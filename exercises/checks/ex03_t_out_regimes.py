@@ -35,17 +35,17 @@ REFERENCE = SimpleNamespace(smallest_t_out=smallest_t_out, tokens_through_layers
 
 
 def targets(seed, B, T, first, rows, **_):
-    """(B, T) targets, IGNORE where nothing is trained: row 0 trained from column `first` (T: none),
-    token id 0 there (a real token); the other rows as `rows` says."""
+    """(B, T) targets, IGNORE where nothing is trained: a random row r trained from column `first`
+    (T: none), token id 0 there (a real token); the other rows as `rows` says."""
     g = torch.Generator().manual_seed(seed)
-    y, start = torch.randint(0, 37, (B, T), generator=g), torch.full((B, 1), first)
-    if rows == "ragged":
-        start = torch.randint(first, T + 1, (B, 1), generator=g).clamp(max=T)
+    y, r = torch.randint(0, 37, (B, T), generator=g), int(torch.randint(B, (), generator=g))
+    start = torch.randint(first, T + 1, (B, 1), generator=g) if rows == "ragged" else \
+        torch.full((B, 1), T if rows == "holes" else first)   # holes: row r alone, with gaps
+    start[r] = first
     y = torch.where(torch.arange(T) >= start, y, IGNORE)
     if rows == "holes":
-        keep = torch.rand(B, max(0, T - first - 1), generator=g) < 0.5
-        y[:, first + 1:], y[1:] = torch.where(keep, y[:, first + 1:], IGNORE), IGNORE
-    y[0, first:first + 1] = 0
+        y[r, first + 1:][torch.rand(max(0, T - first - 1), generator=g) < 0.5] = IGNORE
+    y[r, first:first + 1] = 0
     return dict(targets=y)
 
 

@@ -24,13 +24,14 @@ SWA_ABOVE_CHANCE, ORTHROS_BEYOND = 0.25, 0.6
 RETRAIN = "Let it train its whole schedule (recall_tiny's 2400 steps), or again with another seed."
 
 
-def made_up_run(seed, attn, window, n_layer, path, **_):
-    """A run's folder: exact_match.json with buckets "lo-hi" cut next to the window and to n_layer *
-    window and at random, of random sizes and hits; a checkpoint holding only a model config."""
+def made_up_run(seed, attn, window, n_layer, cut, path, **_):
+    """A run's folder: exact_match.json, buckets "lo-hi" cut near the window and n_layer * window
+    and at random, of random sizes and hits; a checkpoint holding a model config."""
     window, n_layer = window + seed, n_layer + seed   # seed 1: another run in the same folder
     rng, reach, run = random.Random(seed), n_layer * window, Path(tempfile.mkdtemp(dir=FOLDER.name))
-    cuts = sorted({1, window, window + 1, reach - 1, reach, reach + 1, 2 * reach + 1,
-                   *(rng.randrange(2, 2 * reach + 1) for _ in range(3))})
+    drop = {window, reach} - {2} if cut == "across" else set()   # then a bucket across each
+    cuts = sorted({1, max(2, window - 1), window, window + 1, reach - 1, reach, reach + 1,
+                   2 * reach + 1, *(rng.randrange(2, 2 * reach + 1) for _ in range(3))} - drop)
     n = {f"{lo}-{hi}": rng.choice([1, 37, 100, 300]) for lo, hi in zip(cuts, cuts[1:])}
     buckets = {name: {"n": n, "accuracy": rng.randint(0, n) / n} for name, n in n.items()}
     buckets["1-" + str(cuts[1])].update(n=100, accuracy=0.29)   # 0.29 * 100 = 28.999999999999996
@@ -41,7 +42,8 @@ def made_up_run(seed, attn, window, n_layer, path, **_):
 
 
 DOMAIN = {"recall_summary": Domain(
-    made_up_run, pairs=[("path", "attn")], attn=["swa", "orthros"],
+    made_up_run, pairs=[("path", "attn"), ("cut", "window")], attn=["swa", "orthros"],
+    cut=["at the window and the reach", "across"],
     window=[2, 3, 4, 8, 32, 128], n_layer=lambda window: [12] if window == 128 else [1, 2, 3, 4],
     path=["str", "pathlib.Path"])}
 
