@@ -19,11 +19,11 @@ PAPER = "T=2048"
 
 def smallest_t_out(targets):
     for t_out in range(1, targets.size(1) + 1):
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError):   # check_targets raises where a target is left out
             return check_targets(targets, t_out) or t_out
 
 
-def rows(attn, T, t_out):   # of z, as a tiny model's first block receives them
+def counted(attn, T, t_out):   # the rows of z a tiny model's first block receives
     model, seen = tiny_model(attn, n_layer=1, max_seq_len=max(512, T)), []
     model.blocks[0].register_forward_pre_hook(lambda block, args: seen.append(args[0].size(1)))
     with torch.no_grad():
@@ -31,7 +31,7 @@ def rows(attn, T, t_out):   # of z, as a tiny model's first block receives them
     return seen[0]
 
 
-REFERENCE = SimpleNamespace(smallest_t_out=smallest_t_out, tokens_through_layers=rows)
+REFERENCE = SimpleNamespace(smallest_t_out=smallest_t_out, tokens_through_layers=counted)
 
 
 def targets(seed, B, T, first, rows, **_):

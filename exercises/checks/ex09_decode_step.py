@@ -9,8 +9,8 @@ from orthros import Orthros, OrthrosConfig
 
 TITLE, DIFFICULTY, MINUTES = "The KV-cache decode step", 4, 40
 FUNCTIONS = ("decode_step",)
-REFERENCE = SimpleNamespace(decode_step=lambda model, next_idx, cache: model.decode(next_idx,
-                                                                                   cache))
+REFERENCE = SimpleNamespace(
+    decode_step=lambda model, next_idx, cache: model.decode(next_idx, cache))
 ENGINE = ("FastDecoder.prefill", "FastDecoder.decode", "FastDecoder.generate_tokens", "layer_in",
           "layer_out")
 FORBIDDEN = dict.fromkeys((Orthros.forward, Orthros.prefill, Orthros.decode, Orthros.generate,
