@@ -333,8 +333,8 @@ def summarize(args, models, key, recs):
 
 def table_decode(results):
     recs = {(r["attn"], r["variant"], r["ctx"], r["batch"]): r for r in results["decode"]}
-    cell = lambda r: "" if not r else (fmt(r, "tokens_per_s", "{:.0f}")
-                                       + fmt(r, "hbm_fraction", " [{:.0%}]") + fmt(r, "ms_per_step", " {:.2f}"))
+    cell = lambda r: "" if not r else (fmt(r, "tokens_per_s", "{:.0f}") + fmt(
+        r, "hbm_fraction", " [{:.0%}]") + fmt(r, "ms_per_step", " {:.2f}"))
     rows = []
     for ctx, B, v in dict.fromkeys((r["ctx"], r["batch"], r["variant"]) for r in results["decode"]):
         models = [recs.get((a, v, ctx, B), {}) for a in MODELS]
