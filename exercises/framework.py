@@ -1,12 +1,14 @@
-"""The checker every exercise shares (an exercise's files, and the parts of a checker: exercises/README.md).
-
-A check runs the checker's cases, smallest first (those that take a model: on each ZOO member), on an answer (a student's
-file; a bug or mutant: the stored solution with edits; the reference), each on its own deep copy of the inputs. What the
-answer returns is compared with the reference's output (or expected(**inputs)): its form first (type; shape, dtype,
-device; length or keys), then its values (to TOLERANCE); or compare(output, right) or holds(output) says what is wrong.
-The inputs must come back unchanged. A known bug is named when it does what a failing answer does, to its next failure.
-While the answer runs, the reference and FORBIDDEN raise however reached, and a file importing from exercises/ is refused.
-What the checker's code raises is its error, not the student's, but in `with using()` (code using the answer's output).
+"""The checker every exercise shares: one contract, on every function of every exercise. Inputs
+drawn from the function's Domain with a fixed seed, smallest first; on each, the answer and the
+reference agree on:
+  inputs    every argument as the reference leaves it (unchanged, but what the reference updates);
+  values    the output's form (type; shape, dtype, device; length, keys, attributes), then values;
+  autograd  requires_grad of each output tensor; the gradients of the floating inputs and weights;
+  repeats   a call after the caller changed the first output in place, and after the inputs
+            changed in place (new values in the same tensors, modules, folders).
+A crash is a FAIL naming the input. Then the checker's PROPERTIES (what no reference call shows),
+then its after_pass summary. The reference and FORBIDDEN raise while the answer runs, however they
+are reached; a file importing from exercises/ is refused.
 """
 
 import ast
@@ -19,15 +21,17 @@ import importlib
 import inspect
 import itertools
 import math
-import re
+import os
+import random
+import shutil
 import sys
 import time
 import traceback
 import types
-from dataclasses import dataclass
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
+from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -36,11 +40,12 @@ import orthros
 
 
 def numbered(folder):
-    """{number: name} of the checkers in folder; two of one number (two teachers' branches merged) are an error."""
+    """{number: name} of the checkers in folder; two of one number are an error."""
     paths = sorted(folder.glob("ex[0-9][0-9]_*.py"))
     for a, b in zip(paths, paths[1:]):
         if a.name[:4] == b.name[:4]:
-            raise ImportError(f"{folder} holds two checkers numbered {int(a.name[2:4])}, {a.name} and {b.name}: renumber one")
+            raise ImportError(f"{folder} holds two checkers numbered {int(a.name[2:4])}, "
+                              f"{a.name} and {b.name}: renumber one")
     return {int(path.name[2:4]): path.stem for path in paths}
 
 
@@ -48,141 +53,113 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 STUBS, SOLUTIONS, MINE, CHECKS = HERE / "stubs", HERE / "solutions", HERE / "mine", HERE / "checks"
 EXERCISES = numbered(CHECKS)   # number -> name
-TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 3e-2}   # atol by dtype (bfloat16: rtol too)
+TOLERANCE = {torch.float64: (1e-12, 1e-10), torch.float32: (1e-5, 1e-4),
+             torch.bfloat16: (3e-2, 3e-2)}   # (atol, rtol)
+POOL, REPEATS = 300, 2   # random draws the inputs are picked from; inputs called again, a function
 
 
-@dataclass
-class Case:
-    what: str                    # the inputs and the call, in words: the case a student re-runs by hand
-    inputs: object               # {name: value}, or () -> {name: value}; every run gets its own deep copy
-    call: object                 # the name of the answer's function called with the inputs, or (answer, **inputs) -> output
-    invariant: str               # what the right output satisfies, in words
-    expected: Callable = None    # (**inputs) -> the right output, instead of the reference's call
-    compare: Callable = None     # (output, right output) -> None or what is wrong, instead of forms and values
-    holds: Callable = None       # output -> None or what is wrong: a property, no reference run
-    device: str = None           # inputs() runs under `with torch.device(device)` (meta: shapes, no values)
-    dtype: torch.dtype = None    # the floating tensors and modules of the inputs are converted to it (and it is named)
-    output: str = "your output"  # the output in words, for the report
+class Domain:
+    """A function's inputs, as data: each parameter's values, a list or a function of the ones
+    before (a value listed n times is drawn n times as often). The inputs hold every value, every
+    two values of each of `pairs` (True: all), and `draws` random ones. build(seed, **params) ->
+    the arguments not among params, random by seed. The framework reads: dtype (floating inputs
+    converted), place (inputs moved there), default (the default device during the call)."""
 
-    def __post_init__(self):
-        self.what += f", in {str(self.dtype)[6:]}" if self.dtype else ""
+    def __init__(self, build=None, pairs=(), draws=10, **params):
+        self.build, self.pairs, self.draws, self.params = build, pairs, draws, params
 
 
-# A wrong answer: the stored solution with edits {old: new} (each old found once), or a whole source; expect: words its
-# report must contain. A Bug, a known mistake, is named (with its expect: why it is wrong) when an answer fails like it.
-Mutant = collections.namedtuple("Mutant", "name expect edits source", defaults=(None, None))
-Bug = collections.namedtuple("Bug", Mutant._fields, defaults=(None, None))
+# status: PASS, FAIL, not started, waiting (the recall lab's runs), ERROR (the checker's own)
+Result = collections.namedtuple("Result", "status message seconds", defaults=("", 0.0))
+Answer = collections.namedtuple("Answer", "functions path problem started trusted",
+                                defaults=(None, None, True, False))
+Run = collections.namedtuple("Run", "out before after grads")   # a call, its inputs before, after
 
 
-# status: "PASS", "FAIL", "not started", "waiting" (training runs), "ERROR" (the checker's); named: the bugs it fails like
-Result = collections.namedtuple("Result", "status message seconds named", defaults=("", 0.0, ()))
-# An answer's functions; problem: why it cannot run; trusted: the reference (unguarded, its errors are the checker's)
-Answer = collections.namedtuple("Answer", "functions path problem started trusted", defaults=(None, None, True, False))
-# An answer's outcome on a case; kind: "value", "raised", "wrong" (a case's words), "changed" (an input), "not started"
-Outcome = collections.namedtuple("Outcome", "output problem kind", defaults=(None, None, "value"))
-
-
-class Wrong(Exception):
-    """Raised by a case's code: the case fails with this message."""
-
-
-class NotReady(Exception):
-    """Something the check needs is not there yet (the recall lab's trained runs)."""
-
-
-class Refused(Exception):
-    """The answer's code called something its exercise refuses."""
-
-
-class CheckerError(Exception):
-    """The checker's own code failed inside the answer's call: args[0] is what it raised."""
+# The answer fails (args[0] says how); what the check needs is not there yet (the recall lab's
+# runs); the answer called what its exercise refuses; it still raises the stub's NotImplementedError
+Fail, NotReady, Refused, NotStarted = (type(name, (Exception,), {})
+                                       for name in ("Fail", "NotReady", "Refused", "NotStarted"))
 
 
 def load_spec(n):
     return importlib.import_module(f"exercises.checks.{EXERCISES[n]}")
 
 
-def stub_source(spec):
-    return (STUBS / f"{spec.__name__.rsplit('.', 1)[-1]}.py").read_text()
+def stub_source(spec, folder=None):
+    return ((folder or STUBS) / f"{spec.__name__.rsplit('.', 1)[-1]}.py").read_text()
 
 
 def solved_source(spec):
-    """The stored solution's file (a "replace" exercise's: the repository's function, copied; checked against it live)."""
-    return (SOLUTIONS / f"{spec.__name__.rsplit('.', 1)[-1]}.py").read_text()
+    return stub_source(spec, SOLUTIONS)
+
+
+def hints(spec):
+    """The exercise's hints: in exercises/hints.md, its section "## exNN_name", each "### k"."""
+    section = (HERE / "hints.md").read_text().split(f"\n## {spec.__name__.rsplit('.', 1)[-1]}\n")
+    return [h.split("\n", 1)[1].strip() for h in section[-1].split("\n## ")[0].split("\n### ")[1:]]
 
 
 # Answers, and the guard: while the answer's code runs, each refused function's code raises
 
 _loaded, ANSWER_FILES = itertools.count(), set()   # ANSWER_FILES: their frames are the student's
-STATE = SimpleNamespace(active=False, why={}, refusals=[])   # refusals: all raised (an answer may catch one)
+STATE = SimpleNamespace(active=False, why={}, refusals=[])   # refusals: all raised (some caught)
 
 
 def load_answer(spec, source, filename):
-    """A student's file run as a module, guarded; refused if it imports from exercises/ or holds a refused function."""
+    """A student's file run as a module, guarded; refused if it imports from exercises/."""
     filename, where = str(filename), relpath(filename)
     ANSWER_FILES.add(filename)
     module = types.ModuleType(f"_exercise_answer_{next(_loaded)}")
-    module.__file__, sys.modules[module.__name__] = filename, module   # for what needs its module (dataclasses)
+    module.__file__, sys.modules[module.__name__] = filename, module   # (dataclasses need it)
     try:
         tree = ast.parse(source, filename)
-        for node in (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            name = next((name for name in names if name.split(".")[0] == "exercises"), None)
-            if name:
-                return Answer({}, filename, f"{where} does not import: ImportError: line {node.lineno} imports `{name}`, "
-                              "which is not available to your code: exercises/ holds the stored solutions and the "
-                              "checker. Write the function yourself.")
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in (name for name in names if name.split(".")[0] == "exercises"):
+                return Answer({}, filename, f"{where} does not import: ImportError: line "
+                              f"{node.lineno} imports `{name}`, which is not available to your "
+                              "code (the stored solutions, the checker): write it yourself.")
         with guarding(spec):
             exec(compile(tree, filename, "exec"), module.__dict__)
     except Exception as e:
         started = not isinstance(e, NotImplementedError) or bool(str(e))
-        return Answer({}, filename, f"{where} does not import: {one_line(e)}" if started else None, started=started)
+        return Answer({}, filename, f"{where} does not import: {one_line(e)}" if started else None,
+                      started=started)
     missing = [f for f in spec.FUNCTIONS if not callable(getattr(module, f, None))]
     if missing:
-        return Answer({}, filename, f"{where} has no function `{missing[0]}`: keep the stub's name and signature")
-    refused = refused_functions(spec)
-    for name, value in vars(module).items():
-        fn = inspect.unwrap(getattr(value, "__func__", value)) if callable(value) else None
-        if isinstance(fn, types.FunctionType) and fn in refused:
-            return Answer({}, filename, f"the name `{name}` in {where} holds {fn.__module__}.{fn.__qualname__}, which this "
-                          f"exercise refuses ({refused[fn]}). Remove that import or reference: the checker compares your "
-                          "own code with it.")
+        return Answer({}, filename, f"{where} has no function `{missing[0]}`: keep the stub's name "
+                      "and signature")
     return Answer({f: getattr(module, f) for f in spec.FUNCTIONS}, filename)
 
 
-def as_answer(spec, impl):
-    """An Answer from an Answer, a Bug or Mutant (loaded as a student's file), or a namespace (REFERENCE: trusted)."""
-    if isinstance(impl, Answer):
-        return impl
-    if not isinstance(impl, (Mutant, Bug)):
-        return Answer({f: getattr(impl, f) for f in spec.FUNCTIONS}, trusted=impl is spec.REFERENCE)
-    source = solved_source(spec) if impl.source is None else impl.source
-    for old, new in (impl.edits or {}).items():
-        if source.count(old) != 1:
-            raise ValueError(f"{impl.name}: an edit's text is in the solution {source.count(old)} times, not once: {old!r}")
-        source = source.replace(old, new)
-    return load_answer(spec, source, f"<{'known bug' if isinstance(impl, Bug) else 'mutant'}: {impl.name}>")
-
-
 def refused_functions(spec):
-    """{function: why}: the reference's functions and FORBIDDEN's, unwrapped (a decorated method's own code)."""
-    found = {inspect.unwrap(getattr(spec.REFERENCE, f)): "the reference answer of this exercise" for f in spec.FUNCTIONS}
-    return {**found, **{inspect.unwrap(fn): why for fn, why in getattr(spec, "FORBIDDEN", {}).items()}}
+    """{function: why}: the reference's and FORBIDDEN's, unwrapped (a decorated method's own code);
+    a FORBIDDEN "module:name" once that module is imported (the checker need not import it)."""
+    found = {inspect.unwrap(getattr(spec.REFERENCE, f)): "the reference answer of this exercise"
+             for f in spec.FUNCTIONS}
+    for fn, why in getattr(spec, "FORBIDDEN", {}).items():
+        module, _, name = fn.partition(":") if isinstance(fn, str) else (None, None, None)
+        if module in sys.modules:
+            fn = functools.reduce(getattr, name.split("."), sys.modules[module])
+        if module is None or module in sys.modules:
+            found[inspect.unwrap(fn)] = why
+    return found
 
 
 def refusing(*args, **kwargs):
-    """The code of each refused function while the answer runs: among that function's globals, it reaches this module
-    by __import__; its co_filename names the function."""
+    """Each refused function's code while the answer runs (co_filename: the function's name)."""
     here = __import__("exercises.framework", fromlist=["STATE"])
     name = here.sys._getframe().f_code.co_filename
-    here.STATE.refusals.append(here.Refused(f"your code called {name} ({here.STATE.why[name]}), which the checker refuses "
-                                            "while your code runs"))
+    here.STATE.refusals.append(here.Refused(f"your code called {name} ({here.STATE.why[name]}), "
+                                            "which the checker refuses while your code runs"))
     raise here.STATE.refusals[-1]
 
 
 @contextlib.contextmanager
 def guarding(spec):
-    """Each refused function's __code__ swapped for refusing's, then restored: captured ones (f = Orthros.forward) too."""
+    """Each refused function's __code__ swapped for refusing's, then restored: captured ones too."""
     if STATE.active:   # the answer calling its own functions
         yield
         return
@@ -191,7 +168,8 @@ def guarding(spec):
         for fn, why in refused_functions(spec).items():
             name = f"{fn.__module__}.{fn.__qualname__}"
             STATE.why[name], saved[fn] = why, fn.__code__
-            fn.__code__ = refusing.__code__.replace(co_name=fn.__name__, co_qualname=fn.__qualname__, co_filename=name)
+            fn.__code__ = refusing.__code__.replace(co_name=fn.__name__, co_filename=name,
+                                                    co_qualname=fn.__qualname__)
         yield
     finally:
         for fn, code in saved.items():
@@ -200,7 +178,8 @@ def guarding(spec):
 
 
 def guarded(spec, answer):
-    """The answer's functions, run under the guard: what they raise is the answer's; a refusal they caught fails too."""
+    """The answer's functions under the guard: what they raise is the answer's; so is a refusal
+    they caught."""
     def wrap(fn):
         @functools.wraps(fn)
         def answer_function(*args, **kwargs):
@@ -209,303 +188,381 @@ def guarded(spec, answer):
                 try:
                     value = fn(*args, **kwargs)
                 except Exception as e:
-                    e.by_answer = not isinstance(e, (Wrong, Refused, NotReady, CheckerError))
+                    e.by_answer = not isinstance(e, (Fail, NotReady))
                     raise
             if len(STATE.refusals) > refusals:
                 raise STATE.refusals[-1]
             return value
         return answer_function
-    return SimpleNamespace(**{name: fn if answer.trusted else wrap(fn) for name, fn in answer.functions.items()})
-
-
-def checker_hook(fn):
-    """Checker code run inside the answer's call (a hook): what it raises is the checker's error (or a Wrong)."""
-    @functools.wraps(fn)
-    def hook(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (Wrong, NotReady):
-            raise
-        except Exception as e:
-            raise CheckerError(e) from e
-    return hook
+    return SimpleNamespace(**{name: fn if answer.trusted else wrap(fn)
+                              for name, fn in answer.functions.items()})
 
 
 @contextlib.contextmanager
-def using(what):
-    """Around checker code that uses what the answer returned: what it raises is the answer's failure, in words."""
+def crashes(what):
+    """Around checker code that runs the answer or uses its output: what the answer raises fails
+    it, as "{what}: ..." (the stub's bare NotImplementedError: not started)."""
     try:
         yield
     except Exception as e:
-        if isinstance(e, (Wrong, NotReady, Refused)) or getattr(e, "by_answer", False):
+        if not (getattr(e, "by_answer", False) or isinstance(e, Refused)):
             raise
-        raise Wrong(f"{what} raised {one_line(e)}") from e
+        if isinstance(e, NotImplementedError) and not str(e):
+            raise NotStarted(e) from e
+        if "leaf Variable that requires grad is being used in an in-place" in str(e):
+            what = what.replace("(crash)", "(inputs)").replace("crashed", "writes into an input")
+        if isinstance(e, Refused):
+            what = what.replace("(crash)", "(refused)").replace("crashed", "calls what is refused")
+        raise Fail(f"{what}: {e if isinstance(e, Refused) else 'your code raised ' + one_line(e)}"
+                   f"{answer_line(e)}") from e
 
 
-# Running the cases
+# The contract
 
-CACHE = {}   # what the checks of one process share: each spec's cases and their right outputs
-POOL = {}    # id(case) -> inputs an answer's run left as they were made (a deep copy of a model costs many forwards)
+RUNS = {}   # the reference's runs, kept for the process: (its function, input, seed) -> Run
 
 
 def check(spec, impl, summary=True, **options):
-    """Run spec's cases on impl (an Answer, the reference, a Bug or Mutant) in one CPU thread; then spec.after_pass."""
+    """The contract on every function of spec, then its PROPERTIES and after_pass: one thread."""
     threads, start = torch.get_num_threads(), time.perf_counter()
     torch.set_num_threads(1)
     try:
-        return run_cases(spec, impl, summary, options)._replace(seconds=time.perf_counter() - start)
+        return run(spec, impl, summary, options)._replace(seconds=time.perf_counter() - start)
     finally:
         torch.set_num_threads(threads)
 
 
-def run_cases(spec, impl, summary, options):
-    case = None
+def run(spec, impl, summary, options):
+    answer = impl if isinstance(impl, Answer) else Answer(
+        {f: getattr(impl, f) for f in spec.FUNCTIONS}, trusted=impl is spec.REFERENCE)
+    if answer.problem or not answer.started:
+        return Result("FAIL", f"FAIL. {answer.problem}") if answer.started else \
+            Result("not started", not_started(answer.path))
+    functions = guarded(spec, answer)
     try:
-        answer = as_answer(spec, impl)
-        if answer.problem or not answer.started:
-            return Result("FAIL", f"FAIL. {answer.problem}") if answer.problem else Result("not started", not_started(answer.path))
-        functions, cases = guarded(spec, answer), cases_of(spec, options)
-        for i, (case, truth) in enumerate(cases):
-            outcome = run_case(spec, case, functions, truth())
-            if outcome.kind == "not started":
-                return Result("not started", not_started(answer.path, outcome.output))
-            if outcome.problem:
-                named = [] if answer.trusted else known_bugs(spec, functions, cases, i, outcome)
-                outcome = outcome._replace(problem=outcome.problem + off_by_one(spec, functions, cases, i, outcome))
-                return Result("FAIL", failure(case, outcome, named), named=[bug.name for bug in named])
-        case = None
-        try:
-            return Result("PASS", spec.after_pass(functions, **options) if summary and hasattr(spec, "after_pass") else "")
-        except Exception as e:
-            if not getattr(e, "by_answer", False):
-                raise
-            return Result("PASS", f"(The summary could not run: your code raised {one_line(e)}{answer_line(e)})")
+        for name in spec.FUNCTIONS:
+            contract(spec, name, getattr(functions, name))
+        for prop in getattr(spec, "PROPERTIES", ()):   # each docstring's first line names it
+            with crashes(f"({prop.__doc__.splitlines()[0]})"):
+                judge(prop.__doc__.splitlines()[0], "", prop(functions, **options))
+        with crashes("(the summary of your answer)"):
+            told = summary and hasattr(spec, "after_pass") and spec.after_pass(functions, **options)
+            return Result("PASS", told or "")
+    except Fail as e:
+        return Result("FAIL", f"FAIL {e}")
+    except NotStarted as e:
+        return Result("not started", not_started(answer.path, e.args[0]))
     except NotReady as e:
         return Result("waiting", str(e))
-    except Exception as e:   # the checker's own code (a KeyboardInterrupt is no Exception: it stops the check)
-        return Result("ERROR", checker_failure(case, e.args[0] if isinstance(e, CheckerError) else e))
+    except Exception as e:   # the checker's own code (a KeyboardInterrupt stops the check)
+        return Result("ERROR", f"ERROR. The checker's own code failed, not your code: {one_line(e)}"
+                      f"{answer_line(e, lambda f: f.startswith(str(HERE)))}\n  This is a bug in "
+                      "the checker: please show this message to your teacher.")
 
 
-def cases_of(spec, options):
-    """(case, its right output on demand) for each of spec.cases(**options): built once a process, and kept."""
-    key = (id(spec), repr(sorted(options.items())))
-    if key not in CACHE:
-        CACHE[key] = (spec, list(spec.cases(**options)), {})   # (the spec: its id stays its own)
-    _, cases, truths = CACHE[key]
-    def truth(i, case):   # the right output, once: expected(**inputs), or the reference's call, on its own inputs
-        if i not in truths and not (case.holds and not case.expected):
-            inputs = fresh(case)
-            truths[i] = case.expected(**inputs) if case.expected else called(case, spec.REFERENCE, inputs)
-        return truths.get(i)
-    return [(case, functools.partial(truth, i, case)) for i, case in enumerate(cases)]
+def contract(spec, name, fn):
+    """On each input, smallest first, the answer agrees with the reference on every property."""
+    drawn = draws(spec.DOMAIN[name])
+    values = [i for i, params in enumerate(drawn) if "meta" not in params.values()]   # (meta: none)
+    again = {values[len(values) * (k + 1) // (REPEATS + 1)] for k in range(REPEATS * bool(values))}
+    for i, params in enumerate(drawn):
+        inputs = make(spec, name, params)
+        at = f"your {name} {{}} at {call_text(name, inputs, params)}:\n  "
+        ref = reference(spec, name, params)
+        with crashes(f"(crash): {at.format('crashed')[:-4]}"):
+            mine = observe(fn, inputs, params)
+        judge("inputs", at.format("changes its inputs"), changes(mine, ref))
+        judge("values", at.format("differs from the reference"), difference(mine.out, ref.out))
+        judge("autograd", at.format("differs from the reference"), autograd(mine, ref))
+        if i in again:
+            repeat(spec, name, fn, params, inputs, mine, at)
 
 
-def called(case, answer, inputs):
-    return getattr(answer, case.call)(**inputs) if isinstance(case.call, str) else case.call(answer, **inputs)
+def judge(prop, at, problem):
+    if problem:
+        raise Fail(f"({prop}): {at}{problem}")
 
 
-def run_case(spec, case, functions, truth):
-    """The answer's outcome on the case: what its call gave, judged, and whether it changed its inputs."""
-    inputs = POOL.pop(id(case), None) or fresh(case)
-    before = {name: flat(value) for name, value in inputs.items()}
+def reference(spec, name, params, seed=0):
+    key = (getattr(spec.REFERENCE, name), repr(params), seed)
+    if key not in RUNS:
+        RUNS[key] = observe(getattr(spec.REFERENCE, name), make(spec, name, params, seed), params)
+    return RUNS[key]
+
+
+def observe(fn, inputs, params):
+    """fn on inputs: its output, the inputs before and after, the gradients of the floating inputs
+    and weights where the output requires grad (in float64, inputs up to 1e3: no saturated
+    softmax). What it raises is fn's."""
     try:
-        out = called(case, functions, inputs)
-        outcome = Outcome(out, case.holds(out) if case.holds else case.compare(out, truth) if case.compare else
-                          difference(out, truth, case.output))
-    except Wrong as e:
-        outcome = Outcome(problem=str(e), kind="wrong")
-    except Refused as e:
-        outcome = Outcome(problem=f"refused: {e}{answer_line(e)}", kind="raised")
+        before = snapshot(inputs)
+        torch.manual_seed(0)   # dropout: the same masks for the reference and the answer
+        with torch.device(params["default"]) if "default" in params else contextlib.nullcontext():
+            out = fn(**inputs)
+        outs, grads = [t for t in tensors(out) if t.requires_grad], None
+        if outs and all(t.dtype == torch.float64 and not t.is_meta for t in outs) and all(
+                x.numel() == 0 or x.abs().max() <= 1e3 for x in tensors(list(inputs.values()))):
+            wrt = {f"`{k}`": x for k, x in inputs.items() if getattr(x, "requires_grad", False)}
+            wrt.update({f"`{k}.{n}`": p for k, m in inputs.items() if isinstance(m, nn.Module)
+                        for n, p in m.named_parameters() if p.requires_grad})
+            g = torch.Generator().manual_seed(1)
+            dy = [torch.randn(t.shape, generator=g, dtype=t.dtype) for t in outs]
+            found = torch.autograd.grad(outs, list(wrt.values()), dy, allow_unused=True)
+            grads = {k: torch.zeros_like(x) if d is None else d
+                     for (k, x), d in zip(wrt.items(), found)}
+        return Run(out, before, snapshot(inputs), grads)
     except Exception as e:
-        if not getattr(e, "by_answer", False):
-            raise   # the checker's own error
-        if isinstance(e, NotImplementedError) and not str(e):
-            return Outcome(e, kind="not started")
-        outcome = Outcome(problem=f"your code raised {one_line(e)}{answer_line(e)}", kind="raised")
-    changed = changes(spec, before, inputs)
-    if not changed:
-        POOL[id(case)] = inputs   # still as fresh() made them: the next run of the case takes them
-    if changed and outcome.problem:
-        return outcome._replace(problem=f"{outcome.problem}\n  and: {changed}")
-    return outcome._replace(problem=changed, kind="changed") if changed else outcome
+        e.by_answer = getattr(e, "by_answer", True)
+        raise
 
 
-def known_bugs(spec, functions, cases, i, outcome):
-    """The known bugs that do what the answer does on every case to its first failure, the i-th, and on to its next."""
-    runs = [(*cases[i], outcome)] + [(case, truth, Outcome()) for case, truth in cases[:i]]
-    named = [bug for bug in spec.BUGS if all(same_report(spec, bug, *run) for run in runs)]
-    with contextlib.suppress(NotReady):   # (the recall lab's trained runs: not there yet)
-        for case, truth in cases[i + 1:] if named else ():
-            theirs = run_case(spec, case, functions, truth())
-            named = [bug for bug in named if same_report(spec, bug, case, truth, theirs)]
-            if theirs.problem or not named:
-                break
-    return named
+def autograd(mine, ref):
+    flags = lambda out: [t.requires_grad for t in tensors(out)]
+    if flags(mine.out) != flags(ref.out):
+        ask = "no step runs under torch.no_grad() or .detach()" if any(flags(ref.out)) else \
+            "it runs under torch.no_grad()"
+        return (f"requires_grad of your output's tensors is {flags(mine.out)}, the reference's "
+                f"{flags(ref.out)}: check that {ask}, as the reference's does")
+    for k, right in (ref.grads or {}).items():   # to 1e-9 of its largest entry
+        atol = 1e-9 * max(1.0, right.abs().max().item() if right.numel() else 0.0)
+        problem = tensor_difference(mine.grads[k], right, atol)
+        if problem:
+            return (f"the gradient of {k} (of a random weighted sum of the output) differs: "
+                    f"{problem}: does a step leave autograd?")
 
 
-def same_report(spec, bug, case, truth, outcome):
-    """Does the known bug pass the case the answer passed, or fail it with the answer's report (line numbers aside)?"""
-    try:
-        theirs = run_case(spec, case, guarded(spec, as_answer(spec, bug)), truth())
-    except Exception:
-        return False
-    unplaced = lambda text: re.sub(r" \(at [^()]*, line \d+\)", "", text or "")
-    return theirs.kind == outcome.kind and unplaced(theirs.problem) == unplaced(outcome.problem)
+def changes(mine, ref):
+    """Where the answer leaves its inputs otherwise than the reference, in words, or None."""
+    for path in dict.fromkeys([*ref.after, *mine.after]):
+        kept = not difference(ref.after.get(path, GONE), ref.before.get(path, GONE))
+        right = (mine.before if kept else ref.after).get(path, GONE)
+        now = mine.after.get(path, GONE)
+        if GONE in (right, now) and right is not now:
+            return f"`{path}` is {'new' if right is GONE else 'gone'}"
+        problem = difference(now, right, "yours")
+        if problem:
+            how = "changed" if kept else "is not as the reference leaves it"
+            return f"`{path}` {how}: {problem}"
 
 
-def off_by_one(spec, functions, cases, i, outcome):
-    """" (off by one)" when the answer's int is one off on the i-th case and the same way on every later case of its call
-    (one at least), else "": a gap of 1 on one case can be a coincidence."""
-    gap = lambda truth, outcome: outcome.output - truth if type(outcome.output) is type(truth) is int else None
-    first, (case, _) = gap(cases[i][1](), outcome), cases[i]
-    if first not in (1, -1):
-        return ""
-    gaps = [gap(truth(), run_case(spec, other, functions, truth())) for other, truth in cases[i + 1:] if other.call == case.call]
-    return " (off by one)" if gaps and set(gaps) == {first} else ""
+def repeat(spec, name, fn, params, inputs, mine, at):
+    """Called again after the caller changed the first output, then after the inputs changed."""
+    with torch.no_grad():
+        spoil(mine.out)
+    shared = changes(Run(0, mine.after, snapshot(inputs), 0), Run(0, mine.after, mine.after, 0))
+    judge("inputs", at.format("shares memory with its inputs: changing its output changes them"),
+          shared)
+    inputs = make(spec, name, params)
+    with crashes(f"(repeats): {at.format('crashed when called again')[:-4]}"):
+        judge("repeats", at.format("differs when called again (after the caller changed its first "
+                                   "output in place)"),
+              difference(observe(fn, inputs, params).out, reference(spec, name, params).out))
+        with torch.no_grad():
+            assign(inputs, make(spec, name, params, seed=1))
+        judge("repeats", at.format("differs when called again after its inputs changed in place "
+                                   "(new values in the same tensors, modules, files)"),
+              difference(observe(fn, inputs, params).out, reference(spec, name, params, 1).out))
 
 
-def fresh(case):
-    """A deep copy of case.inputs(), built on the case's device and converted to its dtype."""
-    def place(x):   # a tensor or a module, on the case's device, its floating point numbers in its dtype
-        if isinstance(x, (torch.Tensor, nn.Module)):
-            x = x.to(case.device) if case.device else x
-            return x.to(case.dtype) if case.dtype and (isinstance(x, nn.Module) or x.is_floating_point()) else x
-        return x
-    with torch.device(case.device) if case.device else contextlib.nullcontext():
-        inputs = case.inputs() if callable(case.inputs) else case.inputs   # made here: on the case's device
-    return {name: place(value) for name, value in copy.deepcopy(inputs).items()}
+def draws(domain, seed=0):
+    """The domain's inputs: of POOL random draws, greedily those holding values (and pairs of
+    values) not held yet, then `draws` random ones; smallest first, those on meta last."""
+    rng, names = random.Random(seed), list(domain.params)
+    pairs = list(itertools.combinations(names, 2)) if domain.pairs is True else domain.pairs
+
+    def draw():
+        params, at = {}, {}
+        for name, values in domain.params.items():
+            if callable(values):
+                values = values(**{k: params[k] for k in inspect.signature(values).parameters})
+            at[name] = rng.randrange(len(values))
+            params[name] = values[at[name]]
+        held = [(n, at[n]) for n in names] + [(a, at[a], b, at[b]) for a, b in pairs]
+        return params, frozenset(held)
+
+    pool, chosen, held = [draw() for _ in range(POOL)], [], set()
+    while (best := max(pool, key=lambda d: len(d[1] - held)))[1] - held:
+        chosen.append(best[0])
+        held |= best[1]
+    numbers = lambda p: [x for v in p.values() for x in (v if isinstance(v, tuple) else (v,))
+                         if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    return sorted({repr(p): p for p in chosen + [p for p, _ in pool[:domain.draws]]}.values(),
+                  key=lambda p: ("meta" in p.values(), sum(map(abs, numbers(p)))))
 
 
-# Untouched inputs: each input flattened to {path: what is there} before the call, compared with it after
+def make(spec, name, params, seed=0):
+    """The call's arguments for params: on params' place, in its dtype, floating tensors leaves that
+    require grad, strings made at run time (`is` against a literal is False, as for one read)."""
+    domain, names = spec.DOMAIN[name], inspect.signature(getattr(spec.REFERENCE, name)).parameters
+    inputs = {**params, **(domain.build(seed=seed, **params) if domain.build else {})}
+    return {k: fresh(inputs[k], params) for k in names if k in inputs}
+
+
+def fresh(x, params):
+    if isinstance(x, str):
+        return "".join(list(x))
+    if isinstance(x, (torch.Tensor, nn.Module)):
+        x = x.to(params["place"]) if "place" in params else x
+        if params.get("dtype") and (isinstance(x, nn.Module) or x.is_floating_point()):
+            x = x.to(params["dtype"])
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and not x.is_meta:
+            x = x.detach().requires_grad_()
+    for config in [x, getattr(x, "config", None)]:
+        if dataclasses.is_dataclass(config) and not isinstance(config, type):
+            for field in (f.name for f in dataclasses.fields(config)):
+                if isinstance(getattr(config, field), str):
+                    setattr(config, field, fresh(getattr(config, field), params))
+    return x
+
+
+def tensors(out):
+    parts = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else []
+    return [out] if isinstance(out, torch.Tensor) else [t for part in parts for t in tensors(part)]
+
+
+def spoil(out):
+    """Change out in place, as a caller may: its tensors, a module's weights, a list, a dict."""
+    for t in tensors(out) + (list(out.parameters()) if isinstance(out, nn.Module) else []):
+        if not t.is_meta:
+            t.data.logical_not_() if t.dtype == torch.bool else t.data.add_(1)
+    if isinstance(out, (list, dict)):
+        out.append(None) if isinstance(out, list) else out.setdefault(object(), None)
+
+
+def assign(old, new):
+    """new's contents put into old, in place where old can change: tensors, modules, containers,
+    an object's attributes, a folder's files. Returns what old's holder holds now."""
+    if isinstance(old, torch.Tensor):
+        old.data = new.data
+    elif isinstance(old, nn.Module):
+        old.load_state_dict(new.state_dict())
+    elif isinstance(old, (list, dict)):
+        for k in range(len(old)) if isinstance(old, list) else list(old):
+            old[k] = assign(old[k], new[k])
+    elif isinstance(old, (str, os.PathLike)) and os.path.isabs(old) and os.path.isdir(old):
+        shutil.rmtree(old)
+        shutil.copytree(new, old)
+    elif is_object(old) and type(old) is type(new):
+        for k, v in vars(new).items():   # (a weak reference, to its model, stays)
+            if not isinstance(v, weakref.ref):
+                setattr(old, k, assign(getattr(old, k, None), v))
+    else:
+        return new
+    return old
+
+
+# Forms and values: each value flattened to {path: what is there}
 
 GONE = object()   # what is at a path that is not there
 
 
-def flat(x, path="", clone=True):
-    """x as {path: value}: a tensor's copy (and requires_grad), another value, a container's type and its parts (a
-    module's: its weights, its submodules' public attributes such as mode and config, and their number of hooks)."""
+def flat(x, path=""):
+    """x as {path: value}: a tensor's copy and requires_grad, a value, a container's type and parts
+    (a module's: weights, its submodules' public attributes and hooks; an object's: attributes)."""
     if isinstance(x, torch.Tensor):
-        return {path: x.detach().clone() if clone and x.device.type != "meta" else x.detach(),
+        return {path: x.detach() if x.is_meta else x.detach().clone(),
                 f"{path}.requires_grad": x.requires_grad}
     if isinstance(x, nn.Module):
         found = {f".{k}": v for k, v in x.state_dict(keep_vars=True).items()}
         for name, module in x.named_modules():
-            prefix = f".{name}" if name else ""
-            found.update({f"{prefix}.{k}": v for k, v in vars(module).items() if not k.startswith("_")})
-            found[f"{prefix}.hooks"] = sum(len(v) for k, v in vars(module).items() if k.endswith("hooks") and isinstance(v, dict))
-    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
-        found = {f".{f.name}": getattr(x, f.name) for f in dataclasses.fields(x)}
+            prefix, hooks = f".{name}" if name else "", vars(module).items()
+            found.update({f"{prefix}.{k}": v for k, v in hooks if not k.startswith("_")})
+            found[f"{prefix}.hooks"] = sum(len(v) for k, v in hooks if isinstance(v, dict) and
+                                           k.endswith("hooks"))
     elif isinstance(x, (dict, list, tuple)):
         found = {f"[{k!r}]": v for k, v in (x.items() if isinstance(x, dict) else enumerate(x))}
+    elif is_object(x) and not isinstance(x, weakref.ref):
+        found = {f".{k}": v for k, v in vars(x).items() if not k.startswith("_")}
     else:
-        return {path: x}
+        return {path: type(x) if isinstance(x, weakref.ref) else x}
     kept = {path: type(x)}
     for key, part in found.items():
-        kept.update(flat(part, path + key, clone))
+        kept.update(flat(part, path + key))
     return kept
 
 
-def changes(spec, before, inputs):
-    """What the answer changed among its inputs, in words, or None."""
-    who = f"your {spec.FUNCTIONS[0]}" if len(spec.FUNCTIONS) == 1 else "your code"
-    for name, old in before.items():
-        new = flat(inputs[name], clone=False)
-        for path in [*old, *(path for path in new if path not in old)]:
-            was, now = old.get(path, GONE), new.get(path, GONE)
-            if was is GONE or now is GONE:
-                what = "is new: it was not there before" if was is GONE else "is gone"
-            elif isinstance(was, torch.Tensor) and not difference(now, was, values=False):
-                differ = (was != now) & ~(was.isnan() & now.isnan()) if was.device.type != "meta" else torch.zeros(())
-                what = f"changed in place ({int(differ.sum())} of {was.numel()} entries differ)" if differ.any() else None
-            elif isinstance(was, torch.Tensor) or isinstance(now, torch.Tensor):
-                what = f"was {describe(was)}, now {describe(now)}"
-            else:
-                with contextlib.suppress(Exception):
-                    if was is now or bool(was == now) or (was != was and now != now):
-                        continue
-                what = f"was {short(was, 60)}, now {short(now, 60)}"
-            if what:
-                where = f": `{name}{path}` {what}" if path else what[7:] if what.startswith("changed ") else f": {what}"
-                return f"{who} changed its input `{name}`{where}"
-    return None
+def snapshot(inputs):
+    return {path: v for name, x in inputs.items() for path, v in flat(x, name).items()}
 
 
-# Forms and values, in words
+def is_object(x):
+    """Compared by its public attributes (a module, KVCache, config): no tensor, path, function."""
+    return isinstance(x, nn.Module) or hasattr(x, "__dict__") and not callable(x) and \
+        not isinstance(x, (torch.Tensor, os.PathLike))
 
-def difference(out, ref, label="your output", values=True):
-    """What differs between out and ref, in words, or None: their forms first (the type; a tensor's shape, dtype and
-    device; a container's length or keys, and its items' forms), then their values (to TOLERANCE) unless values=False."""
-    be, have = ("are", "have") if re.search(r"[^s]s$", label.split()[-1]) else ("is", "has")
-    if isinstance(ref, (tuple, list, dict)):
-        if not isinstance(out, dict if isinstance(ref, dict) else (tuple, list)) or len(out) != len(ref):
-            return f"{label} {be} {describe(out)}, expected {describe(ref)}"
-        if isinstance(ref, dict) and set(out) != set(ref):
-            return (f"{label} {have} the keys {short(sorted(map(str, set(out) - set(ref))), 100)} too many, "
-                    f"{short(sorted(map(str, set(ref) - set(out))), 100)} missing")
-        keys = list(ref) if isinstance(ref, dict) else range(len(ref))
-        names = {k: f"{label}[{k!r}]" if isinstance(ref, dict) else f"item {k} of {label}" for k in keys}
-        form = next(filter(None, (difference(out[k], ref[k], names[k], False) for k in keys)), None)
-        if form or not values:
-            return form
-        for k in keys:
-            problem = difference(out[k], ref[k], names[k])
-            if problem:
-                return f"at [{k!r}]: {problem}" if isinstance(ref, dict) else f"at item {k}: {problem}"
-        return None
-    if isinstance(ref, torch.Tensor):
-        if not isinstance(out, torch.Tensor):
-            return f"{label} {be} {describe(out)}, expected {describe(ref)}"
-        for what, mine, theirs in (("shape", tuple(out.shape), tuple(ref.shape)), ("dtype", out.dtype, ref.dtype)):
+
+def difference(out, ref, label="your output"):
+    """What differs between out and ref, in words, or None: the form (type; a tensor's shape, dtype,
+    device; a container's length or keys; an object's attributes), then values (to TOLERANCE)."""
+    if is_object(ref) and type(out) is type(ref):
+        out, ref = flat(out), flat(ref)
+    if isinstance(ref, torch.Tensor) and isinstance(out, torch.Tensor):
+        for what, mine, theirs in (("shape", tuple(out.shape), tuple(ref.shape)),
+                                   ("dtype", out.dtype, ref.dtype),
+                                   ("device", out.device.type, ref.device.type)):
             if mine != theirs:
-                return f"{label} {have} {what} {mine}, expected {theirs}"
-        if out.device.type != ref.device.type:
-            return f"{label} {be} on {out.device.type}, expected {ref.device.type}"
-        return tensor_difference(out, ref) if values else None
-    if type(out) is not type(ref) and not (isinstance(ref, float) and type(out) is int):
-        if isinstance(ref, (bool, int, float, str, type(None))) or not isinstance(out, type(ref)):
-            return f"{label} {be} {describe(out)}, expected {describe(type(ref))}"
-    if not values:
+                return f"{label} has {what} {mine}, expected {theirs}"
+        return tensor_difference(out, ref)
+    container = isinstance(ref, (tuple, list, dict))
+    other = type(out) is not type(ref) and not (type(ref) is float and type(out) is int)
+    keys = not other and isinstance(ref, dict) and set(out) != set(ref)
+    if other or keys or container and len(out) != len(ref):
+        kind = lambda x: type(x).__name__ + f" of {len(x)}" * isinstance(x, (tuple, list, dict))
+        return (f"{label} is a {kind(out)}, expected a {kind(ref)}: yours {short(out)}, the "
+                f"reference {short(ref)}")
+    if container:
+        for k in ref if isinstance(ref, dict) else range(len(ref)):
+            problem = difference(out[k], ref[k], "yours")
+            if problem:
+                return f"{label} at {[k] if isinstance(ref, dict) else f'item {k}'}: {problem}"
         return None
-    close = math.isclose(out, ref, abs_tol=TOLERANCE[torch.float64]) if isinstance(ref, float) else out == ref
-    return None if close else f"yours {short(out)}, the reference {short(ref)}"
+    if out == ref or out != out and ref != ref or isinstance(ref, float) and math.isclose(
+            out, ref, abs_tol=1e-12):
+        return None
+    return f"{label} {short(out)}, the reference {short(ref)}"
 
 
-def tensor_difference(out, ref, atol=None, rtol=None):
-    if "meta" in (out.device.type, ref.device.type):
-        return None   # no values on meta: the form is all there is
-    if atol is None:
-        atol = TOLERANCE.get(ref.dtype, 0.0)
-        rtol = atol if ref.dtype == torch.bfloat16 else rtol
-    out, ref, rtol = out.detach().cpu(), ref.detach().cpu(), rtol or 0.0
+def tensor_difference(out, ref, atol=None):
+    """How out's values differ from ref's (to TOLERANCE; none on meta), in words, or None."""
+    if out.is_meta or ref.is_meta or torch.equal(out, ref):
+        return None
+    tol, rtol = TOLERANCE.get(ref.dtype, (0.0, 0.0))
+    out, ref, atol = out.detach(), ref.detach(), tol if atol is None else atol
     bad = ~torch.isclose(out, ref, rtol=rtol, atol=atol, equal_nan=True)
     if not bad.any():
         return None
     gap = torch.where(bad, (out.double() - ref.double()).abs().nan_to_num(nan=math.inf), -1.0)
-    at = tuple(int(i) for i in torch.nonzero(gap == gap.max())[0])   # the index of the largest difference
-    text = f"{int(bad.sum())} of {bad.numel()} entries differ"
+    at = tuple(int(i) for i in torch.nonzero(gap == gap.max())[0])   # the largest difference
+    allowed, value = f"; allowed {atol:g} + {rtol:g} x |reference|", lambda x: f"{x[at].item():.6g}"
     if not ref.is_floating_point():
-        return f"{text}; the first at index {at}: yours {out[at].item()}, the reference {ref[at].item()}"
-    rounding = " (about float32's rounding: does a step go through float32?)" \
-        if ref.dtype == torch.float64 and 1e-12 < gap[at] <= 1e-6 * max(1.0, abs(ref[at].item())) else ""
-    return (f"{text}; the largest difference, {gap[at]:.3g}{rounding}, at index {at}: yours {out[at].item():.6g}, "
-            f"the reference {ref[at].item():.6g}; allowed {atol:g}" + (f" + {rtol:g} x |reference|" if rtol else ""))
-
-
-def describe(value):
-    """The value's kind in words: "a tensor of shape (2, 3) (torch.float32)", "a list of 2 items", "an int (3)"."""
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)} ({value.dtype})"
-    if isinstance(value, (tuple, list, dict)):
-        return f"a {type(value).__name__} of {len(value)} items"
-    name = (value if isinstance(value, type) else type(value)).__name__
-    scalar = isinstance(value, (bool, int, float, str, type(None)))
-    return ("an " if name[0] in "aeiouAEIOU" else "a ") + name + (f" ({short(value, 60)})" if scalar else "")
+        allowed, value = "", lambda x: repr(x[at].item())
+    return (f"{int(bad.sum())} of {bad.numel()} entries differ, the most at index {at}: yours "
+            f"{value(out)}, the reference {value(ref)}{allowed}")
 
 
 def short(x, limit=160):
-    text = f"a tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) and x.numel() > 8 else \
-        repr(x.tolist() if isinstance(x, torch.Tensor) else x)
+    big = isinstance(x, torch.Tensor) and (x.numel() > 12 or x.is_meta)
+    text = f"a tensor of shape {tuple(x.shape)}" if big else repr(
+        x.tolist() if isinstance(x, torch.Tensor) else x)
     return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def call_text(name, inputs, params):
+    """The call in words: its arguments (a small integer tensor's values), the other parameters."""
+    more = [f"{k}={show(v)}" for k, v in params.items() if k not in inputs]
+    args = [f"{k}={show(params[k] if k in params and is_object(v) else v)}"
+            for k, v in inputs.items()]
+    return f"{name}({', '.join(args)})" + (f", drawn with {', '.join(more)}" if more else "")
+
+
+def show(x):
+    if isinstance(x, torch.Tensor) and (x.numel() > 12 or x.is_meta or x.is_floating_point()):
+        where = " on meta" * x.is_meta
+        return f"<{'x'.join(map(str, x.shape)) or '0-d'} {str(x.dtype)[6:]} tensor{where}>"
+    if isinstance(x, torch.Tensor):
+        return f"torch.tensor({x.tolist()}{f', dtype={x.dtype}' * (x.dtype != torch.int64)})"
+    return f"<{type(x).__name__}>" if is_object(x) else str(x) if type(x) is torch.dtype else \
+        repr(x)
 
 
 def one_line(error):
@@ -529,59 +586,65 @@ def answer_line(error, mine=lambda filename: filename in ANSWER_FILES):
 
 def not_started(path, error=None):
     frame = traceback.extract_tb(error.__traceback__)[-1] if error is not None else None
-    how = f"Start it with `python -m exercises start {int(Path(path).name[2:4])}` (it copies the stub to exercises/mine/), " \
-        "then open that file, read its docstring, and write it." if Path(path).resolve().parent == STUBS else \
-        "Open the file, read its docstring, and write it."
-    return (f"not started: {f'`{frame.name}` in {relpath(frame.filename)}' if frame else relpath(path)} still raises "
-            f"NotImplementedError. {how}")
+    how = f"Start it with `python -m exercises start {int(Path(path).name[2:4])}` (it copies the " \
+        "stub to exercises/mine/), then open" if Path(path).resolve().parent == STUBS else "Open"
+    how += " the file, read its docstring, and write it."
+    what = f"`{frame.name}` in {relpath(frame.filename)}" if frame else relpath(path)
+    return f"not started: {what} still raises NotImplementedError. {how}"
 
 
-def failure(case, outcome, named):
-    lines = ["FAIL. The smallest failing case:", f"  {case.what}", f"  what is wrong: {outcome.problem}",
-             f"  the invariant it breaks: {case.invariant}"]
-    return "\n".join(lines + [f"  This behaves like a known mistake: {bug.name}. {bug.expect}" for bug in named])
+# What the checks share: tiny models drawn in float64, inputs, a model with the answer patched in
 
-
-def checker_failure(case, error):
-    where = answer_line(error, lambda filename: filename.startswith(str(HERE)))   # the checker's own line
-    return (f"ERROR. The checker's own code failed on this case, not your code:\n  {case.what if case else 'outside the cases'}"
-            f"\n  {one_line(error)}{where}\n  This is a bug in the checker: please show this message to your teacher.")
-
-
-# What the checks share: tiny models drawn in float64, inputs, a look at what the blocks are handed
-
-def change(old, new):
-    """new - old, for a probe case: how the answer's number moves (what the subtraction raises is the answer's failure)."""
-    with using("subtracting your two numbers"):
-        return new - old
-
-
-def tiny_model(attn="orthros", seed=0, dtype=torch.float64, **overrides):
-    """A tiny model in eval mode, its weights drawn in dtype (float64: what float32 cannot hold), vectors and conv moved."""
-    config = orthros.OrthrosConfig(**{**dict(vocab_size=37, n_layer=2, n_head=2, n_embd=16, window=4, attn=attn,
-                                             max_seq_len=512), **overrides})
+def tiny_model(attn="orthros", seed=0, **overrides):
+    """A tiny model in eval mode, drawn in float64, vectors and conv moved; up to 64 channels, W_Q,
+    W_K, W_O at 16 times GPT-2's init: attention sharp enough that positions move the logits."""
+    config = orthros.OrthrosConfig(**{**dict(vocab_size=37, n_layer=2, n_head=2, n_embd=16,
+                                             window=4, attn=attn, max_seq_len=512), **overrides})
     default = torch.get_default_dtype()
     torch.manual_seed(seed)
-    torch.set_default_dtype(dtype)
+    torch.set_default_dtype(torch.float64)
     try:
         model = orthros.Orthros(config).eval()
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if p.dim() == 1 or name.endswith("conv.weight"):
                     p.add_(0.5 * torch.randn_like(p))
+                elif name.endswith(("c_q.weight", "c_k.weight", "attn.c_proj.weight")):
+                    p.mul_(16 if config.n_embd <= 64 else 1)
     finally:
         torch.set_default_dtype(default)
     return model
 
 
-# The zoo: a tiny model for each option of orthros.py, (name, tiny_model's overrides, dtype). Every checker that takes a
-# model runs cases on each member, so a new option reaches every exercise as one more member here.
-LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)
-ZOO = [("the original", {}, None),
-       ("Llama-like: untied head, n_head=4 with n_kv_head=2 (GQA), SwiGLU, Q/K/V biases, norm_eps=1e-5, rope_base=500000.0, "
-        "llama3 RoPE scaling", dict(tie_embeddings=False, n_head=4, n_kv_head=2, mlp="swiglu", mlp_hidden=40, qkv_bias=True,
-                                    norm_eps=1e-5, rope_base=500000.0, rope_scaling=LLAMA3), None),
-       ("scale_offset=False (the paper's w/o SO)", dict(scale_offset=False), None), ("the original", {}, torch.bfloat16)]
+# The zoo: tiny_model's overrides for each option of orthros.py. Every checker that takes a model
+# draws from it, so a new option reaches every exercise as one more member here.
+ZOO = {"the original": {},
+       "Llama-like: untied head, n_head=4 with n_kv_head=2 (GQA), SwiGLU, Q/K/V biases, norm_eps="
+       "1e-5, rope_base=5e5, llama3 RoPE scaling": dict(
+           tie_embeddings=False, n_head=4, n_kv_head=2, mlp="swiglu", mlp_hidden=40, qkv_bias=True,
+           norm_eps=1e-5, rope_base=500000.0, rope_scaling=dict(
+               rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+               original_max_position_embeddings=64)),
+       "scale_offset=False (the paper's w/o SO)": dict(scale_offset=False),
+       "dropout=0.1, in eval mode": dict(dropout=0.1), "conv_kernel=3": dict(conv_kernel=3),
+       "3 layers, n_head=4, C=24, w=3, rope_base=500, vocab_size=50, seed 1": dict(
+           n_layer=3, n_head=4, n_embd=24, window=3, rope_base=500.0, vocab_size=50, seed=1)}
+
+
+def member(name, attn="orthros", seed=0, **more):
+    """A copy of the zoo's member as a tiny model, more overrides on top (made once a process)."""
+    return copy.deepcopy(made(name, attn, seed, **more))
+
+
+@functools.cache
+def made(name, attn, seed, **more):
+    overrides = {**ZOO[name], **more}
+    return tiny_model(attn, seed=overrides.pop("seed", 0) + seed, **overrides)
+
+
+def within(lo, hi, *values):
+    """The values from lo to hi, sorted, once each: a parameter's edges, relative to others'."""
+    return sorted({v for v in values if lo <= v <= hi})
 
 
 def tokens(B, T, vocab=37, seed=0):
@@ -592,28 +655,14 @@ def randn(*shape, seed=0):
     return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
 
 
-@contextlib.contextmanager
-def handed_to_blocks(model, B, rows, T, why, positions):
-    """Check what the answer hands each block before the block runs: z of shape (B, rows, C) (rows None: any), T, and
-    the RoPE tables (cos, sin) of positions(rows of z), as the model's forward makes them (its dtype, base, scaling)."""
-    def check(block, args, kwargs):
-        given = inspect.signature(block.forward).bind(*args, **kwargs).arguments
-        z, i = given.get("z"), list(model.blocks).index(block)
-        shape = (B, rows or getattr(z, "shape", (0, "rows"))[1], model.config.n_embd)
-        if not isinstance(z, torch.Tensor) or tuple(z.shape) != shape:
-            raise Wrong(f"your code hands block {i} z of {describe(z)[2:]}, expected shape {shape}: {why}")
-        if given.get("T") != T:
-            raise Wrong(f"your code hands block {i} T={given.get('T')!r}, expected {T}: T counts the base tokens, the "
-                        f"first T rows of z ({why})")
-        at, c = positions(z.size(1)), model.config
-        right = orthros.rope_cos_sin(at.to(z.device), c.n_embd // c.n_head, c.rope_base, model.wte.weight.dtype, c.rope_scaling)
-        wrong = difference(given.get("rope"), right, "the RoPE tables (cos, sin)")
-        if wrong:
-            raise Wrong(f"your code hands block {i} RoPE tables that are not those of the positions {short(at.tolist(), 60)} "
-                        f"(in the model's dtype, by its config's rope_base and rope_scaling): {wrong}")
-    hooks = [block.register_forward_pre_hook(checker_hook(check), with_kwargs=True) for block in model.blocks]
-    try:
-        yield
-    finally:
-        for hook in hooks:
-            hook.remove()
+def patched_logits(models, **patch):
+    """How each (attn, swa_impl, T, w, t_out) model's logits differ with patch in orthros.py."""
+    for attn, swa_impl, T, w, t_out in models:
+        model, idx = tiny_model(attn, window=w, swa_impl=swa_impl), tokens(2, T)
+        with torch.no_grad():
+            right = model(idx, t_out=t_out)[0]
+            with mock.patch.multiple(orthros, **patch):
+                problem = difference(model(idx, t_out=t_out)[0], right, "the logits")
+        if problem:
+            return (f"a model's logits with yours patched into orthros.py (attn={attn!r}, swa_impl="
+                    f"{swa_impl!r}, T={T}, w={w}, t_out={t_out}): {problem}")

@@ -9,6 +9,7 @@ import dataclasses
 import torch
 
 
+# exercises/solutions/ex07_prefill_flops.py holds a copy of attended_pairs: the exercise's answer.
 def attended_pairs(T, window=None, n_q=None):
     """Number of (query, key) pairs a causal attention over T positions computes, for its last
     n_q queries (default all T), each seeing at most `window` keys (None = all keys <= itself)."""
@@ -50,28 +51,25 @@ def forward_flops(cfg, T, t_out, lm_head_tokens=None):
 
 def prefill_flop_limits(cfg, T, attn):
     """The best prefill speedup over the Transformer that FLOP counts allow: FLOPs(Transformer) /
-    FLOPs(attn), both prefilling T tokens with logits at the last one only. Also returned: the
-    same ratio with the LM head counted on all T tokens ("2 x params per token", tied embedding).
-    NOTE: at the default size (12 x 768, w=128, V=50304) the first gives 4.4x / 14.8x / 28.6x at
-    32K / 128K / 256K; the second (the usual "2 x params per token" count) gives 3.38x / 10.57x /
-    20.16x. prefill() only runs the LM head at the last position, so
-    the first is the true limit for this code; the second is the more conservative figure."""
+    FLOPs(attn), both prefilling T tokens with logits at the last one only (as prefill() computes
+    them: the true limit for this code), and the same with the LM head counted on all T tokens
+    (the usual "2 x params per token" count, more conservative). At the bench's size (12 x 768,
+    w=128, V=50304): 4.4x / 14.8x / 28.6x at 32K / 128K / 256K, and 3.38x / 10.57x / 20.16x."""
     ref, mine = dataclasses.replace(cfg, attn="transformer"), dataclasses.replace(cfg, attn=attn)
-    exact = forward_flops(ref, T, 1) / forward_flops(mine, T, 1)
-    all_tokens = forward_flops(ref, T, 1, lm_head_tokens=T) / forward_flops(mine, T, 1, lm_head_tokens=T)
-    return exact, all_tokens
+    ratio = lambda head: forward_flops(ref, T, 1, head) / forward_flops(mine, T, 1, head)
+    return ratio(None), ratio(T)
 
 
 def train_flops(cfg, T, batch, t_out=None):
-    """FLOPs of one training step of `batch` sequences: forward + backward (2x forward). Pre-training
-    has t_out = T (the default): Orthros's forward then does token-wise work on 2T tokens (K, V on T),
-    SWA for T base queries, causal cross-attention for T output queries, the LM head on T outputs."""
+    """FLOPs of one training step of `batch` sequences: forward + backward (2x forward). With
+    t_out = T (pre-training, the default) Orthros's forward does token-wise work on 2T tokens (K, V
+    on T), SWA for T base queries, causal cross-attention for T output queries, the LM head on T."""
     return 3 * batch * forward_flops(cfg, T, T if t_out is None else t_out)
 
 
 def peak_flops(device):
-    """The GPU's dense bf16 peak FLOP/s (vendors' figures), for MFU, model FLOPs utilization: forward_flops'
-    count per second over this. None on a CPU and on a GPU not in the table (train.py then logs no MFU)."""
+    """The GPU's dense bf16 peak FLOP/s (vendors' figures), for MFU: forward_flops' count per second
+    over this. None on a CPU and on a GPU not in the table (then no MFU is reported)."""
     name = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else ""
     tflops = {"H100": 989, "H200": 989, "B200": 2250, "A100": 312}
     return next((1e12 * peak for gpu, peak in tflops.items() if gpu in name), None)

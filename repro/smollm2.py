@@ -51,7 +51,7 @@ from convert.from_gguf import SMOLLM2_DIR
 from data.prepare_utils import atomic_write, load_meta, write_json_atomic
 from data.stdlib.prepare import find_files, is_val
 from data.tokenizer import get_tokenizer
-from perf.bench import run_meta
+from checkpoint import run_meta
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 INTRO = "There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it.\n"

@@ -60,26 +60,27 @@ def test_readmes_cpt_command_is_the_recipe_behind_the_results():
 
 def test_run_metadata_names_the_commit_and_whether_the_tree_was_clean(tmp_path, monkeypatch):
     """run_meta records the commit and whether tracked files changed (or the environment's)."""
-    from perf import bench
+    import checkpoint
     git = lambda *args: subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True,
                                        text=True, check=True).stdout.strip()
     monkeypatch.delenv("ORTHROS_GIT_COMMIT", raising=False)
     monkeypatch.delenv("ORTHROS_GIT_CLEAN", raising=False)
-    monkeypatch.setattr(bench, "REPO", tmp_path)
-    assert bench.git_state() == (None, None)                # not a git checkout
+    monkeypatch.setattr(checkpoint, "REPO", tmp_path)
+    assert checkpoint.git_state() == (None, None)           # not a git checkout
     git("init", "-q")
     (tmp_path / "f.txt").write_text("one")
     git("add", "f.txt")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
     head = git("rev-parse", "--short", "HEAD")
     (tmp_path / "new.txt").write_text("untracked")           # untracked files don't count
-    assert bench.git_state() == (head, True)
-    assert (bench.run_meta()["git_commit"], bench.run_meta()["git_clean"]) == (head, True)
+    assert checkpoint.git_state() == (head, True)
+    meta = checkpoint.run_meta()
+    assert (meta["git_commit"], meta["git_clean"]) == (head, True)
     (tmp_path / "f.txt").write_text("two")                   # a tracked file changed: not clean
-    assert bench.git_state() == (head, False)
+    assert checkpoint.git_state() == (head, False)
     monkeypatch.setenv("ORTHROS_GIT_COMMIT", "abc1234")
     monkeypatch.setenv("ORTHROS_GIT_CLEAN", "1")
-    assert bench.git_state() == ("abc1234", True)
+    assert checkpoint.git_state() == ("abc1234", True)
 
 
 SCRIPTS = sorted(str(p.relative_to(REPO)) for p in REPO.glob("data/**/*.py")

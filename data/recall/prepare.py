@@ -1,8 +1,8 @@
 """The associative-recall task: key-value pairs hidden in filler, then queries for their values.
 
-    python data/recall/prepare.py                      # window 128 (the `recall` config)
-    python data/recall/prepare.py --preset tiny        # window 32, CPU-sized (`recall_tiny`)
-    python data/recall/prepare.py --preset micro       # window 16, seconds on a CPU (`recall_micro`)
+    python data/recall/prepare.py                  # window 128 (the `recall` config), here
+    python data/recall/prepare.py --preset tiny    # window 32, CPU-sized: data/recall_tiny/
+    python data/recall/prepare.py --preset micro   # window 16, seconds on a CPU: data/recall_micro/
     python data/recall/prepare.py --context_len 4000 --test_edges 0,128,256,512,1024,2048,3968
 
 One example, as SFT turns (byte tokenizer: one character = one token):
@@ -44,28 +44,28 @@ from data.tokenizer import get_tokenizer
 KEYS, VALUES = string.ascii_uppercase, string.ascii_lowercase
 FILLER = string.digits + ".,;:!()"
 QUERY = "?"
-LAST_PAIR_DISTANCE = 3  # the first query's key (context_len + 1) minus the last pair's key (context_len - 2)
+LAST_PAIR_DISTANCE = 3  # the last pair's key at context_len - 2, the query's at context_len + 1
 
 PRESETS = {
     # window 128: distances up to 2048+ (16 windows); the `recall` config (one GPU, minutes).
     # The short warm-up split packs the pairs and keeps every query inside the window.
-    "default": dict(window=128, context_len=2100, short_context_len=16, n_pairs=8, n_queries=8, n_short_queries=8,
-                    n_keys=26, n_values=26, n_train=6000, n_short=20000, n_val=200, n_test_per_bucket=100,
-                    last_pair_frac=0.1),
+    "default": dict(window=128, context_len=2100, short_context_len=16, n_pairs=8, n_queries=8,
+                    n_short_queries=8, n_keys=26, n_values=26, n_train=6000, n_short=20000,
+                    n_val=200, n_test_per_bucket=100, last_pair_frac=0.1),
     # window 32: the same task at a quarter of the scale; the `recall_tiny` config (2 CPU cores)
-    "tiny": dict(window=32, context_len=300, short_context_len=16, n_pairs=8, n_queries=8, n_short_queries=4,
-                 n_keys=26, n_values=26, n_train=20000, n_short=10000, n_val=200, n_test_per_bucket=100,
-                 last_pair_frac=0.1),
+    "tiny": dict(window=32, context_len=300, short_context_len=16, n_pairs=8, n_queries=8,
+                 n_short_queries=4, n_keys=26, n_values=26, n_train=20000, n_short=10000, n_val=200,
+                 n_test_per_bucket=100, last_pair_frac=0.1),
     # window 16, 40-token contexts, 4 keys and 8 values (chance 1/8): the `recall_micro` config, a
     # one-layer model that learns the task in seconds on a CPU (the test suite's recall proof)
-    "micro": dict(window=16, context_len=40, short_context_len=12, n_pairs=4, n_queries=4, n_short_queries=2,
-                  n_keys=4, n_values=8, n_train=4000, n_short=4000, n_val=100, n_test_per_bucket=100,
-                  last_pair_frac=0.1),
+    "micro": dict(window=16, context_len=40, short_context_len=12, n_pairs=4, n_queries=4,
+                  n_short_queries=2, n_keys=4, n_values=8, n_train=4000, n_short=4000, n_val=100,
+                  n_test_per_bucket=100, last_pair_frac=0.1),
 }
 
 
 def scatter(rng, length, n):
-    """Random starts of n non-overlapping 2-token pairs in a span of `length` tokens (stars and bars)."""
+    """Random starts of n non-overlapping 2-token pairs in `length` tokens (stars and bars)."""
     assert 2 * n <= length, f"{n} pairs do not fit in {length} tokens"
     gaps = sorted(rng.choices(range(length - 2 * n + 1), k=n))  # filler before each pair, cumulated
     return [g + 2 * i for i, g in enumerate(gaps)]
@@ -85,8 +85,10 @@ def make_example(rng, context_len, n_pairs, n_queries, n_keys, n_values, first_d
         start = query_pos(0) - first_distance
         assert 0 <= start <= context_len - 2, f"distance {first_distance} does not fit the context"
         right = context_len - start - 2
-        n_left = rng.choice([k for k in range(n_pairs) if 2 * k <= start and 2 * (n_pairs - 1 - k) <= right])
-        starts = [start] + scatter(rng, start, n_left) + [start + 2 + s for s in scatter(rng, right, n_pairs - 1 - n_left)]
+        n_left = rng.choice([k for k in range(n_pairs)
+                             if 2 * k <= start and 2 * (n_pairs - 1 - k) <= right])
+        starts = [start, *scatter(rng, start, n_left),
+                  *(start + 2 + s for s in scatter(rng, right, n_pairs - 1 - n_left))]
     for i, start in enumerate(starts):
         context[start], context[start + 1] = keys[i], values[i]
     order = [0] + rng.sample(range(1, n_pairs), n_queries - 1) if first_distance is not None \
@@ -114,7 +116,7 @@ def train_split(rng, p, shape, seed):
     last = set(last_rng.sample(range(p["n_train"]), n_last))
     examples = []
     for i in range(p["n_train"]):
-        ex = make_example(rng, p["context_len"], n_queries=p["n_queries"], **shape)  # drawn either way
+        ex = make_example(rng, p["context_len"], n_queries=p["n_queries"], **shape)  # drawn anyway
         if i in last:
             ex = make_example(last_rng, p["context_len"], n_queries=p["n_queries"],
                               first_distance=LAST_PAIR_DISTANCE, **shape)
@@ -124,7 +126,8 @@ def train_split(rng, p, shape, seed):
 
 def prepare(preset="default", out_dir=None, seed=1337, **overrides):
     """Write train.jsonl, train_short.jsonl (short, near-only: the warm-up), val.jsonl, test.jsonl
-    and meta.json to out_dir."""
+    and meta.json to out_dir (default: data/recall/, or data/recall_<preset>/ for another preset:
+    the dataset of the config of that name)."""
     p = {**PRESETS[preset], **overrides}
     if not 0 <= p["last_pair_frac"] <= 1:
         raise ValueError(f"last_pair_frac must be in [0, 1], got {p['last_pair_frac']}")
@@ -133,17 +136,18 @@ def prepare(preset="default", out_dir=None, seed=1337, **overrides):
     edges = [e for e in edges if e <= p["context_len"] + 1] or [1]
     if edges[-1] < p["context_len"] + 1:  # the last bucket reaches the start of the context
         edges.append(p["context_len"] + 2)
-    out_dir = Path(out_dir or Path(__file__).resolve().parent)
+    here = Path(__file__).resolve().parent
+    out_dir = Path(out_dir or (here if preset == "default" else here.with_name(f"recall_{preset}")))
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     shape = dict(n_pairs=p["n_pairs"], n_keys=p["n_keys"], n_values=p["n_values"])
     train, last = train_split(rng, p, shape, seed)
-    splits = {
-        "train": train,
-        "train_short": [make_example(rng, p["short_context_len"], n_queries=p["n_short_queries"], **shape)
-                        for _ in range(p["n_short"])],
-        "val": [make_example(rng, p["context_len"], n_queries=p["n_queries"], **shape) for _ in range(p["n_val"])],
-    }
+    splits = {"train": train,
+              "train_short": [make_example(rng, p["short_context_len"], **shape,
+                                           n_queries=p["n_short_queries"])
+                              for _ in range(p["n_short"])],
+              "val": [make_example(rng, p["context_len"], n_queries=p["n_queries"], **shape)
+                      for _ in range(p["n_val"])]}
     test = []
     for lo, hi in zip(edges, edges[1:]):
         for _ in range(p["n_test_per_bucket"]):
@@ -159,22 +163,24 @@ def prepare(preset="default", out_dir=None, seed=1337, **overrides):
             "source": "synthetic associative recall (data/recall/prepare.py)", "preset": preset,
             "params": p, "test_edges": edges, "train_last_pair_examples": len(last),
             **{f"{name}_examples": len(ex) for name, ex in splits.items()}}
-    write_json_atomic(out_dir / "meta.json", meta)  # last: its presence means the split files are whole
+    write_json_atomic(out_dir / "meta.json", meta)  # last: if it is there, the splits are whole
     print(f"wrote {out_dir}: " + ", ".join(f"{len(ex)} {name}" for name, ex in splits.items()))
     return meta
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="default", choices=list(PRESETS))
-    parser.add_argument("--out_dir", help="default: this folder (data/recall/)")
+    parser.add_argument("--out_dir", help="default: data/recall/, data/recall_<preset>/")
     parser.add_argument("--seed", type=int, default=1337)
     for key, value in PRESETS["default"].items():
-        others = ", ".join(f"{name}: {preset[key]}" for name, preset in PRESETS.items() if name != "default")
-        parser.add_argument(f"--{key}", type=type(value), help=f"default {value} (presets {others})")
+        others = ", ".join(f"{name}: {preset[key]}" for name, preset in PRESETS.items()
+                           if name != "default")
+        parser.add_argument(f"--{key}", type=type(value), help=f"default {value} ({others})")
     parser.add_argument("--test_edges", help="comma-separated bucket edges for the test distances")
     args = vars(parser.parse_args())
     if args["test_edges"]:
         args["test_edges"] = [int(e) for e in args["test_edges"].split(",")]
-    overrides = {k: v for k, v in args.items() if k not in ("preset", "out_dir", "seed") and v is not None}
-    prepare(args["preset"], args["out_dir"], args["seed"], **overrides)
+    preset, out_dir, seed = args.pop("preset"), args.pop("out_dir"), args.pop("seed")
+    prepare(preset, out_dir, seed, **{k: v for k, v in args.items() if v is not None})

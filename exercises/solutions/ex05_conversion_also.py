@@ -19,4 +19,4 @@ def convert(transformer, window):
                 p.fill_(1.0)
             elif name.endswith(('beta', 'beta_out')):
                 p.zero_()
-    return model
+    return model.eval() if not transformer.training else model

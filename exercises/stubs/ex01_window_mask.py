@@ -28,7 +28,8 @@ def in_window(q_pos, k_pos, window):
 
 
 def attention_mask(n_q, n_k, window=None, device=None):
-    """Boolean (n_q, n_k) mask, True where a query may attend a key, built from in_window.
+    """Boolean (n_q, n_k) mask, True where a query may attend a key, built from in_window;
+    0 <= n_q <= n_k (n_q = 0: no query, an empty mask).
 
     The queries are the *last* n_q of the n_k key positions (bottom-right aligned): that is where
     the output tokens and a decoded token sit. device: where to build the mask (None: the default;

@@ -12,11 +12,11 @@ The paper's section 3.2: the same forward(idx, t_out) serves every regime; only 
 1. smallest_t_out(targets): an SFT batch's targets are (B, T), with -1 where nothing is trained
    (the prompts, the padding). orthros.py refuses a target before the last t_out positions, and
    every output position costs a second token in every layer: find the smallest t_out that
-   covers every target. The checker compares yours with data.sft.collate's, on random batches
-   (and refuses collate itself while your code runs).
+   covers every target. The checker compares yours with the smallest t_out orthros.py's
+   check_targets accepts, on batches of every shape (refusing both while your code runs).
 2. tokens_through_layers(attn, T, t_out): how many tokens flow through each layer (the rows of
    z in Orthros.forward) for attn "orthros", "swa" or "transformer". The checker counts them
-   live, with a hook on the model's first block, in all four regimes.
+   live, with a hook on the model's first block, in every regime.
 
     python -m exercises start 3       (your own copy: exercises/mine/ex03_t_out_regimes.py)
     python -m exercises check 3       python -m exercises hint 3

@@ -18,10 +18,10 @@ Write the layer's output (B, T + t_out, C) without calling attn itself. You may 
 orthros.apply_rope, orthros.attention_mask, orthros.repeat_kv, orthros.reference_attention (lines
 8-9 written out) and torch.nn.functional.scaled_dot_product_attention; calling the layer (attn(...),
 its forward, a Block or the model) is refused while your code runs. The checker compares yours with
-attn(z, T, (cos, sin)) on layers whose alpha != alpha' and beta != beta', of other sizes, heads,
-windows and tables, with GQA and biases, without scale-offsets, in float64 (to 1e-12) and bfloat16,
-with a large z, and on the meta device (make every tensor where z is): take every size from attn,
-z and cos.
+attn(z, T, (cos, sin)) (the output, its gradients, the inputs left as they were) on layers whose
+alpha != alpha' and beta != beta', of other sizes, heads, windows and tables, with GQA and biases,
+without scale-offsets, in float64, float32 and bfloat16, with z up to 1e15, and on the meta device
+(make every tensor where z is): take every size from attn, z and cos.
 
     python -m exercises start 4       (your own copy: exercises/mine/ex04_algorithm1.py)
     python -m exercises check 4       python -m exercises hint 4

@@ -10,8 +10,8 @@ Write convert(transformer, window): a new Orthros model (config.attn = "orthros"
 window, everything else as in the Transformer's config) holding copies of the Transformer's
 weights, every parameter trainable, and leave the Transformer as it was. Don't call
 Orthros.load_transformer_weights: the checker refuses it while your code runs. The checker
-compares your model's config, weights and logits with the Transformer's, and with orthros.py's own
-conversion, on Transformers with every option orthros.py has: an untied LM head (lm_head is not
+compares your model (its config, weights, what trains, its mode, each layer's attributes) with
+orthros.py's own conversion, for windows up to past max_seq_len, and its logits with the Transformer's, on Transformers with every option orthros.py has: an untied LM head (lm_head is not
 wte), grouped-query attention, SwiGLU, Q/K/V biases, trained norms, Llama 3 RoPE scaling, bfloat16,
 and scale_offset=False (the paper's "w/o SO" ablation: no scale-offsets at all).
 
@@ -29,5 +29,5 @@ from orthros import Orthros
 def convert(transformer, window):
     """A new Orthros model (attn="orthros", this window) with a copy of the weights of
     transformer (an Orthros instance with config.attn == "transformer"), its scale-offsets at
-    identity, in the Transformer's dtype."""
+    identity, in the Transformer's dtype and mode (train or eval)."""
     raise NotImplementedError

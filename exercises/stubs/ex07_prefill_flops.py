@@ -30,8 +30,9 @@ other FLOP counts) are refused while your code runs: they are what the checker c
 
 
 def attended_pairs(T, window=None, n_q=None):
-    """Number of (query, key) pairs a causal attention over T positions computes, for its last
-    n_q queries (default all T), each seeing at most `window` keys (None = all keys <= itself)."""
+    """Number of (query, key) pairs a causal attention over T >= 0 positions computes, for its
+    last n_q queries (0 <= n_q <= T, default T), each seeing at most `window` keys (None = all
+    keys <= itself)."""
     raise NotImplementedError
 
 

@@ -6,14 +6,14 @@ O(T w) time and memory: cut the sequence into blocks of w queries; every key a q
 may see lies in block b-1 or block b, so each block attends its 2w keys through a small
 (w, 2w) band mask built from orthros.in_window.
 
-The checker compares yours with the dense reference, forward and backward (float64, to 1e-12;
-float32 and bfloat16 too: keep q's dtype, every step in it), on inputs that are views (as the model's q, k, v are), on
-large q and k (a softmax subtracts each row's max), with dropout for several T and w (after the same
-torch.manual_seed: one scaled_dot_product_attention over all the blocks draws orthros.py's mask),
-and on the meta device at the paper's sizes (make every tensor on q.device);
-patches it into orthros.py and checks that whole models give the same logits, and records
-every tensor your function creates at T = 4096, w = 128: none may hold more than 8 T w elements
-(the dense (T, T) mask holds T^2 = 32 T w). orthros.py's windowed attentions (reference_attention,
+The checker compares yours with orthros.py's, forward and backward, for T from 0 to 300 and every
+window from 1 to past T, in float64, float32 and bfloat16 (keep q's dtype, every step in it), on
+inputs that are views (as the model's q, k, v are), on q and k up to 1e15 (a softmax subtracts each
+row's max), with dropout (after the same torch.manual_seed: one scaled_dot_product_attention over
+all the blocks draws orthros.py's mask), and on the meta device (make every tensor on q.device);
+patches it into orthros.py and checks that whole models give the same logits, and records every
+tensor your function creates at T = 4096, w = 128: none may hold more than 8 T w elements (the
+dense (T, T) mask holds T^2 = 32 T w). orthros.py's windowed attentions (reference_attention,
 fast_reference_attention, the FlexAttention path) are refused while your code runs.
 
     python -m exercises start 8       (your own copy: exercises/mine/ex08_blocked_window.py)

@@ -11,16 +11,15 @@ sliding-window attention; its output twin attends the whole cache; the LM head r
 twin. Write it with the model's blocks: block(z, T, rope, layer_cache) -> z, where z holds the
 T base tokens then the output tokens, rope = (cos, sin) at the positions of z's rows (as
 Orthros.forward makes them: orthros.rope_cos_sin with the config's rope_base and rope_scaling, in
-the weights' dtype, from integer positions), and the block appends its T base tokens' keys and values to layer_cache. The model's forward, prefill,
-decode and generate are refused while your code runs. The checker runs prefill(p) and then your
-steps, and compares the logits with ONE training forward over the whole sequence (train ==
-decode, float64, to 1e-10; float32 and bfloat16 too: keep the weights' dtype), for several p, for Orthros
-(with and without the convolution), SWA and the Transformer, models of other depths, heads and
-rope_base, with every option orthros.py has (an untied head, grouped-query attention, Llama 3 RoPE
-scaling, no scale-offsets), in bfloat16 at positions past 256, batches of 1 to 3, next_idx of shape
-(B,) and (B, 1); before each block runs it checks the rows, T and RoPE tables you hand it, and after
-each step that the cache keeps every position. It also runs models on the meta device (the paper's
-widths, and a tiny one after the same sizes on the CPU): make new tensors where next_idx is.
+the weights' dtype, from integer positions), and the block appends its T base tokens' keys and
+values to layer_cache. Like model.decode, run it under torch.no_grad(): the cache keeps no graph.
+The model's forward, prefill, decode and generate are refused while your code runs. The checker
+compares yours with the model's own decode step (its logits, and the cache it leaves) after prefill(p) for p from 1 to 257, for
+Orthros (with and without the convolution), SWA and the Transformer, with every option orthros.py
+has (an untied head, grouped-query attention, Llama 3 RoPE scaling, no scale-offsets), in float64,
+float32 and bfloat16 (keep the weights' dtype), batches of 1 to 3, next_idx of shape (B,) and
+(B, 1), and on the meta device (the paper's widths): make new tensors where next_idx is, and leave
+next_idx as it was.
 
     python -m exercises start 9       (your own copy: exercises/mine/ex09_decode_step.py)
     python -m exercises check 9       python -m exercises hint 9

@@ -35,7 +35,8 @@ from checkpoint import load_checkpoint
 
 
 def recall_summary(run_dir):
-    """A dict for the run in run_dir (a folder with exact_match.json and ckpt_last.pt):
+    """A dict for the run in run_dir (a str or pathlib.Path: a folder with exact_match.json and
+    ckpt_last.pt):
         "attn", "window", "n_layer": from the checkpoint's model config;
         "inside": the accuracy over all test examples of the buckets with hi <= window;
         "beyond": the accuracy over all test examples of the buckets with lo >= n_layer * window.
