@@ -1,20 +1,16 @@
-"""SFT data: JSONL conversations, tokenized with a loss mask, and batched with the smallest t_out.
+"""SFT data: JSONL conversations, tokenized with a loss mask, batched with the smallest t_out.
 
-The format, one JSON object per line:
+One JSON object per line; other keys are kept as metadata, and an optional "bucket" (a string or
+a number) groups the exact-match report (the recall task puts its distance range there):
 
     {"prompt": "What is 2+2?", "response": "4"}
     {"turns": ["first prompt", "first response", "second prompt", "second response"]}
 
-Other keys are kept as metadata. An optional "bucket" (any JSON scalar: a string, a number, ...)
-groups the exact-match report; the recall task stores its distance range there. An
-example becomes the tokens  prompt + response + END  (END = the tokenizer's end token; with
-turns, every response is followed by END). The loss covers only the response tokens and their
-END tokens: the prompt is pure context.
-
-In the model's terms (the paper's section 3.2): for prompt P (p tokens) and response R (r tokens)
-the input is P + R and the output positions are the last prompt token and every response token,
-t_out = r + 1. A batch is right-padded to its longest example, and t_out is the smallest
-suffix of columns that covers every example's output positions.
+An example is prompt + response + END (the tokenizer's end token after every response); the loss
+covers only the responses and their END tokens. In the model's terms (the paper's section 3.2),
+for a prompt of p tokens and a response of r, the output positions are the last prompt token and
+every response token, t_out = r + 1. A batch is right-padded to its longest example, and its
+t_out is the smallest suffix of columns that covers every example's output positions.
 """
 
 import json
@@ -24,44 +20,40 @@ from pathlib import Path
 import torch
 
 from data.prepare_utils import to_device
-from orthros import IGNORE, check_targets  # the target value the loss skips, and the model's check of them
+from orthros import IGNORE, check_targets  # the target the loss skips; the model's check of them
 
 
 def read_jsonl(path):
     """Read and validate an SFT JSONL file; a bad line is an error that names it."""
     examples = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {n}"
-            try:
-                ex = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(ex, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(ex).__name__}")
-            if "turns" in ex:
-                turns = ex["turns"]
-                if not isinstance(turns, list) or len(turns) < 2 or len(turns) % 2:
-                    raise ValueError(f"{where}: 'turns' must be a list of prompt, response, prompt, "
-                                     "response, ... (an even number, at least 2)")
-            elif "prompt" in ex and "response" in ex:
-                turns = [ex["prompt"], ex["response"]]
-            else:
-                raise ValueError(f"{where}: needs 'prompt' and 'response', or 'turns'")
-            if not all(isinstance(t, str) for t in turns):
-                raise ValueError(f"{where}: prompts and responses must be strings")
-            if not turns[0]:
-                raise ValueError(f"{where}: the first prompt is empty; the model needs at least one "
-                                 "token to predict the response from")
-            if isinstance(ex.get("bucket"), (dict, list)):
-                raise ValueError(f"{where}: 'bucket' must be a JSON scalar (a string or a number), "
-                                 f"got a {type(ex['bucket']).__name__}")
-            if "bucket" in ex:  # one spelling for the report: 3 and "3" are the same bucket
-                ex["bucket"] = ex["bucket"] if isinstance(ex["bucket"], str) else json.dumps(ex["bucket"])
-            examples.append({**{k: v for k, v in ex.items() if k not in ("prompt", "response")},
-                             "turns": turns})
+    for n, line in enumerate(open(path, encoding="utf-8"), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {n}"
+        try:
+            ex = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+        if not isinstance(ex, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(ex).__name__}")
+        if "turns" not in ex and not {"prompt", "response"} <= set(ex):
+            raise ValueError(f"{where}: needs 'prompt' and 'response', or 'turns'")
+        turns = ex["turns"] if "turns" in ex else [ex["prompt"], ex["response"]]
+        if not isinstance(turns, list) or len(turns) < 2 or len(turns) % 2:
+            raise ValueError(f"{where}: 'turns' must be a list of prompt, response, prompt, "
+                             "response, ... (an even number, at least 2)")
+        if not all(isinstance(t, str) for t in turns):
+            raise ValueError(f"{where}: prompts and responses must be strings")
+        if not turns[0]:
+            raise ValueError(f"{where}: the first prompt is empty; the model needs at least one "
+                             "token to predict the response from")
+        if isinstance(ex.get("bucket"), (dict, list)):
+            raise ValueError(f"{where}: 'bucket' must be a JSON scalar (a string or a number), "
+                             f"got a {type(ex['bucket']).__name__}")
+        if "bucket" in ex and not isinstance(ex["bucket"], str):  # 3 and "3": the same bucket
+            ex["bucket"] = json.dumps(ex["bucket"])
+        examples.append({**{k: v for k, v in ex.items() if k not in ("prompt", "response")},
+                         "turns": turns})
     if not examples:
         raise ValueError(f"{path} holds no examples")
     return examples
@@ -71,84 +63,67 @@ def encode_example(turns, tokenizer):
     """tokens and a same-length train mask: True where the token is a target (responses and END)."""
     tokens, mask = [], []
     for i, text in enumerate(turns):
-        ids = tokenizer.encode(text)
-        is_response = i % 2 == 1
-        if is_response:
-            ids = ids + [tokenizer.eot]
+        ids = tokenizer.encode(text) + [tokenizer.eot] * (i % 2)  # END after each response
         tokens += ids
-        mask += [is_response] * len(ids)
+        mask += [i % 2 == 1] * len(ids)
     return tokens, mask
 
 
-def fit_length(tokens, mask, max_len, overlong):
-    """Make an example fit max_len input tokens (max_len + 1 tokens with the last target).
-    overlong="truncate" drops the oldest tokens (the start of the context); "drop" gives None."""
-    if len(tokens) - 1 <= max_len:
-        return tokens, mask
-    if overlong == "drop":
-        return None
-    tokens, mask = tokens[-(max_len + 1):], mask[-(max_len + 1):]
-    return (tokens, mask) if any(mask[1:]) else None  # nothing left to learn from: drop it
-
-
 def load_examples(path, tokenizer, max_len, overlong="drop"):
-    """Read, tokenize and length-check a JSONL file. Returns (examples, report): each example is
-    a dict with "tokens", "mask" and its metadata; the report says how many were too long."""
+    """Read and tokenize a JSONL file; (examples with "tokens", "mask" and their metadata, a
+    report). An example longer than max_len input tokens is dropped, or with overlong="truncate"
+    loses its oldest tokens (dropped too if no target is left)."""
     if overlong not in ("drop", "truncate"):
         raise ValueError(f"overlong must be 'drop' or 'truncate', got {overlong!r}")
     examples, too_long = [], 0
     for ex in read_jsonl(path):
         tokens, mask = encode_example(ex["turns"], tokenizer)
-        fitted = fit_length(tokens, mask, max_len, overlong)
-        too_long += len(tokens) - 1 > max_len
-        if fitted is not None:
-            examples.append({**ex, "tokens": fitted[0], "mask": fitted[1]})
-    report = (f"{path}: {len(examples)} examples" + (f"; {too_long} longer than {max_len} tokens were "
-              f"{'dropped' if overlong == 'drop' else 'truncated from the left'}" if too_long else ""))
+        if len(tokens) - 1 > max_len:  # max_len inputs, and the last target after them
+            too_long += 1
+            tokens, mask = tokens[-(max_len + 1):], mask[-(max_len + 1):]
+            if overlong == "drop" or not any(mask[1:]):
+                continue
+        examples.append({**ex, "tokens": tokens, "mask": mask})
+    report = f"{path}: {len(examples)} examples" + (
+        f"; {too_long} longer than {max_len} tokens were "
+        f"{'dropped' if overlong == 'drop' else 'truncated from the left'}" if too_long else "")
     if not examples:
         raise ValueError(f"{report}: none left; raise seq_len or use --sft_overlong truncate")
     return examples, report
 
 
 def collate(examples, pad_id=0):
-    """Right-pad a batch. Returns x, y: (B, T) with y = next token or IGNORE, and t_out, the
-    smallest suffix of columns holding every target (1 when nothing is trained)."""
+    """Right-pad a batch: x, y (B, T) with y the next token or IGNORE, and t_out, the smallest
+    suffix of columns holding every target (1 when nothing is trained). Padding sits right of
+    every real token, so causal attention never lets it reach an example's own positions."""
     T = max(len(ex["tokens"]) - 1 for ex in examples)
     x = torch.full((len(examples), T), pad_id, dtype=torch.long)
     y = torch.full((len(examples), T), IGNORE, dtype=torch.long)
     for i, ex in enumerate(examples):
-        tokens = torch.tensor(ex["tokens"])
-        n = len(tokens) - 1
+        tokens, n = torch.tensor(ex["tokens"]), len(ex["tokens"]) - 1
         x[i, :n] = tokens[:-1]
         y[i, :n] = torch.where(torch.tensor(ex["mask"][1:]), tokens[1:], IGNORE)
-    # Padding sits to the right of every real token, so causal attention never lets it reach
-    # an example's own positions.
     has_target = (y != IGNORE).any(dim=0)
     first = int(has_target.nonzero()[0]) if has_target.any() else T - 1
     return x, y, T - first
 
 
 def has_prompt(example):
-    """Whether an example keeps at least one prompt token before its last response (truncation
-    to seq_len can cut the whole prompt away; such an example can be trained on but not asked)."""
+    """Whether truncation left a prompt token before the last response (else it cannot be asked)."""
     return not all(example["mask"])
 
 
 def exact_match(examples, generate, batch_size=64):
-    """Exact-match accuracy of generated answers, per example "bucket" (else "all").
-
-    The answer is each example's last response with its END token; the prompt is everything
-    before it. generate(prompts, n) continues a batch of equal-length prompts (lists of ids) by
-    n tokens and returns the continuations: train.py passes greedy decoding through the KV cache.
-    """
+    """Exact-match accuracy of the generated last responses (with END), per "bucket" (else "all").
+    generate(prompts, n) continues a batch of equal-length prompts (lists of ids) by n tokens;
+    train.py passes greedy decoding through the KV cache."""
     groups = defaultdict(list)  # equal prompt and answer lengths can share a batch
     for ex in examples:
         if not has_prompt(ex):
             raise ValueError("an example has no prompt token before its answer (truncated away?): "
                              "filter with has_prompt() first")
-        mask = ex["mask"]
-        start = len(mask) - mask[::-1].index(False)  # the last response: the trailing run of targets
-        groups[start, len(mask) - start].append(ex)
+        start = len(ex["mask"]) - ex["mask"][::-1].index(False)  # the trailing run of targets
+        groups[start, len(ex["mask"]) - start].append(ex)
     hits = defaultdict(list)
     for (start, n_answer), group in groups.items():
         for i in range(0, len(group), batch_size):
@@ -156,61 +131,60 @@ def exact_match(examples, generate, batch_size=64):
             answers = generate([ex["tokens"][:start] for ex in batch], n_answer)
             for ex, answer in zip(batch, answers):
                 hits[ex.get("bucket", "all")].append(list(answer) == ex["tokens"][start:])
-    return {b: {"n": len(h), "accuracy": sum(h) / len(h)} for b, h in sorted(hits.items(), key=_bucket_order)}
+    return {b: {"n": len(h), "accuracy": sum(h) / len(h)}
+            for b, h in sorted(hits.items(), key=lambda item: bucket_order(item[0]))}
+
+
+def bucket_order(name):
+    """Numbers and ranges "lo-hi" by their (lower) value, then other names by name."""
+    try:
+        return (0, float(name.split("-")[0]), name)
+    except ValueError:
+        return (1, 0.0, name)
 
 
 def exact_match_report(examples, generate, limit=-1, log=print):
-    """exact_match on the first `limit` examples (-1 = all) that keep a prompt, reported through log;
-    returns the scores, or None when there is nothing to score."""
+    """exact_match on the first `limit` examples (-1: all) that keep a prompt, reported through log;
+    the scores, or None when there is nothing to score."""
     examples = examples[:None if limit < 0 else limit]
     scorable = [ex for ex in examples if has_prompt(ex)]
     if len(scorable) < len(examples):
-        log(f"note: {len(examples) - len(scorable)} of {len(examples)} test examples are not scored: "
-            "truncation to seq_len left no prompt before their answer")
+        log(f"note: {len(examples) - len(scorable)} of {len(examples)} test examples are not "
+            "scored: truncation to seq_len left no prompt before their answer")
     if not scorable:
         return None
     scores = exact_match(scorable, generate)
     log("exact-match accuracy of greedy generation (KV cache) on test.jsonl" + (
-        f": {scores['all']['accuracy']:.3f} ({scores['all']['n']} examples)" if list(scores) == ["all"] else
-        ", by bucket:\n" + "\n".join(f"  {b:>12}: {r['accuracy']:.3f}  ({r['n']} examples)" for b, r in scores.items())))
+        f": {scores['all']['accuracy']:.3f} ({scores['all']['n']} examples)"
+        if list(scores) == ["all"] else ", by bucket:\n" + "\n".join(
+            f"  {b:>12}: {r['accuracy']:.3f}  ({r['n']} examples)" for b, r in scores.items())))
     return scores
 
 
-def _bucket_order(item):
-    """Numbers, and ranges "lo-hi", sort by their (lower) value; other names after them, by name."""
-    lo = item[0].split("-")[0]
-    try:
-        return (0, float(lo), item[0])
-    except ValueError:
-        return (1, 0.0, item[0])
-
-
-def read_examples_dir(data_dir):
-    """The JSONL splits found in an SFT dataset folder: {split name: path}."""
-    return {p.stem: p for p in sorted(Path(data_dir).glob("*.jsonl"))}
-
-
 class SFTBatches:
-    """Random batches of a folder's SFT examples (train.py's data for --task sft): right-padded,
-    with the smallest t_out. Needs train.jsonl and val.jsonl (and curriculum.jsonl if named)."""
+    """Random batches of a folder's SFT examples (train.py's --task sft): right-padded, with the
+    smallest t_out. Needs train.jsonl and val.jsonl (and curriculum.jsonl if named)."""
 
-    def __init__(self, data_dir, tokenizer, seq_len, overlong="drop", curriculum="", device="cpu", log=print):
-        splits = read_examples_dir(data_dir)
+    def __init__(self, data_dir, tokenizer, seq_len, overlong="drop", curriculum="", device="cpu",
+                 log=print):
+        splits = {p.stem: p for p in sorted(Path(data_dir).glob("*.jsonl"))}
         if not splits and list(Path(data_dir).glob("*.bin")):
-            raise ValueError(f"{data_dir} holds pre-training data (*.bin), not SFT JSONL: drop --task sft, or "
-                             "point --dataset at a folder with train.jsonl and val.jsonl")
+            raise ValueError(f"{data_dir} holds pre-training data (*.bin), not SFT JSONL: drop "
+                             "--task sft, or point --dataset at a folder with train.jsonl and "
+                             "val.jsonl")
         for needed in ("train", "val") + ((curriculum,) if curriculum else ()):
             if needed not in splits:
-                raise ValueError(f"{data_dir} has no {needed}.jsonl (SFT needs train.jsonl and val.jsonl"
-                                 + (f", and {curriculum}.jsonl for --curriculum" if curriculum else "") + ")")
+                raise ValueError(f"{data_dir} has no {needed}.jsonl (SFT needs train.jsonl and "
+                                 "val.jsonl" + (f", and {curriculum}.jsonl for --curriculum"
+                                                if curriculum else "") + ")")
         self.examples, self.device = {}, device
         for name, path in splits.items():
             self.examples[name], report = load_examples(path, tokenizer, seq_len, overlong)
             log(report)
 
     def get(self, split, batch_size, generator):
-        """(x, y, t_out) of batch_size examples drawn at random from the split, their targets checked
-        on the CPU before they move: on a GPU the model reads only the last t_out columns, unchecked."""
+        """(x, y, t_out) of batch_size random examples of the split, their targets checked on the
+        CPU before they move: on a GPU the model reads only the last t_out columns, unchecked."""
         pool = self.examples[split]
         ix = torch.randint(len(pool), (batch_size,), generator=generator).tolist()
         x, y, t_out = collate([pool[i] for i in ix])

@@ -1,20 +1,15 @@
-"""Tokenizers: raw UTF-8 bytes, GPT-2 BPE through tiktoken, or a Hugging Face checkpoint's own; offline.
+"""Tokenizers, offline: raw UTF-8 bytes, GPT-2 BPE through tiktoken, or a Hugging Face checkpoint's.
 
     from data.tokenizer import get_tokenizer
     tok = get_tokenizer("gpt2")   # or "byte", or "hf:DIR" (DIR/tokenizer.json)
     ids = tok.encode("hello world") + [tok.eot]   # [31373, 995, 50256]
     tok.decode(ids)                               # 'hello world<|endoftext|>'
 
-Each tokenizer has .name, .vocab_size, .eot (the end-of-document id), .encode(str) -> list[int]
-and .decode(list[int]) -> str. encode() never emits .eot; callers append it where a document ends.
-"hf:DIR" is the exception that matches its model: see HFTokenizer.
-
-GPT-2 BPE needs its ranks file (r50k_base.tiktoken, 0.8 MB). tiktoken would download it from
-openaipublic, which many machines cannot reach, so we look for it in this order:
-  1. the path in the environment variable ORTHROS_TIKTOKEN_FILE,
-  2. data/gpt2.tiktoken (git-ignored),
-  3. else we fetch it there once, through pip: the same file ships on PyPI inside the
-     openai-whisper source distribution (whisper/assets/gpt2.tiktoken). Its sha256 is checked.
+Each has .name, .vocab_size, .eot (the end-of-document id), .encode(str) and .decode(ids).
+encode() never emits .eot (callers append it where a document ends), except "hf:DIR": see
+HFTokenizer. GPT-2 BPE reads its ranks file (0.8 MB) from $ORTHROS_TIKTOKEN_FILE, else
+data/gpt2.tiktoken, fetched there once through pip: tiktoken would download it from openaipublic,
+which many machines cannot reach, and the same file ships on PyPI in openai-whisper's sdist.
 """
 
 import base64
@@ -33,36 +28,30 @@ import tiktoken
 
 GPT2_BPE_FILE = Path(__file__).resolve().parent / "gpt2.tiktoken"
 GPT2_BPE_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
-WHISPER = "openai-whisper==20250625"  # pinned: every release carries the same file; this one is checked
+WHISPER = "openai-whisper==20250625"  # pinned: every release carries the same file
 GPT2_BPE_HOWTO = (
     "Offline, fetch it on a machine that reaches PyPI with\n"
     f"    pip download --no-deps --no-binary :all: {WHISPER} -d /tmp/whisper\n"
     "    tar -xzf /tmp/whisper/openai_whisper-20250625.tar.gz -C /tmp/whisper\n"
-    "and copy .../whisper/assets/gpt2.tiktoken to data/gpt2.tiktoken (or point ORTHROS_TIKTOKEN_FILE at it)."
-)
-
-# The GPT-2 pre-tokenizer regex, copied from tiktoken_ext/openai_public.py (r50k_pat_str, tiktoken
-# 0.14). It is equivalent to the original GPT-2 pattern, just faster.
-GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+    "and copy .../whisper/assets/gpt2.tiktoken to data/gpt2.tiktoken (or point "
+    "ORTHROS_TIKTOKEN_FILE at it).")
+# tiktoken's r50k_pat_str (tiktoken_ext/openai_public.py, 0.14): GPT-2's pattern, faster
+GPT2_PAT_STR = (r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++"""
+                r"""|\s++$|\s+(?!\S)|\s""")
 GPT2_EOT = "<|endoftext|>"
 
 
 class ByteTokenizer:
     """UTF-8 bytes are ids 0..255; id 256 is the end-of-document token. Needs no files."""
-
-    name = "byte"
-    eot = 256
-    eot_text = "<|end|>"
-    vocab_size = 257
+    name, eot, eot_text, vocab_size = "byte", 256, "<|end|>", 257
 
     def encode(self, text):
-        # surrogatepass: even a str holding lone surrogates (e.g. read with errors="surrogateescape")
-        # encodes, so every prompt can be encoded.
+        # surrogatepass: a str holding lone surrogates (read with surrogateescape) encodes too
         return list(text.encode("utf-8", errors="surrogatepass"))
 
     def decode(self, ids):
-        # Decode each run of bytes between end tokens on its own, so a stray end token
-        # cannot glue together the halves of a multi-byte character.
+        # Each run of bytes between end tokens on its own: a stray end token cannot glue together
+        # the halves of a multi-byte character.
         pieces, run = [], bytearray()
         for i in ids:
             if i == self.eot:
@@ -71,65 +60,47 @@ class ByteTokenizer:
             elif 0 <= i < 256:
                 run.append(i)
             else:
-                raise ValueError(f"byte tokenizer: id {i} is outside its vocabulary 0..{self.vocab_size - 1}")
-        pieces.append(run.decode("utf-8", errors="replace"))
-        return "".join(pieces)
+                raise ValueError(f"byte tokenizer: id {i} is outside its vocabulary "
+                                 f"0..{self.vocab_size - 1}")
+        return "".join(pieces) + run.decode("utf-8", errors="replace")
 
 
 class GPT2Tokenizer:
     """GPT-2 BPE (tiktoken's "gpt2" = r50k_base): 50257 ids, the last one is <|endoftext|>."""
-
-    name = "gpt2"
-    eot = 50256
-    eot_text = GPT2_EOT
-    vocab_size = 50257
+    name, eot, eot_text, vocab_size = "gpt2", 50256, GPT2_EOT, 50257
 
     def __init__(self):
-        self.enc = _load_gpt2_encoding()
+        path = os.environ.get("ORTHROS_TIKTOKEN_FILE")
+        if path and not Path(path).is_file():
+            raise FileNotFoundError(f"ORTHROS_TIKTOKEN_FILE={path!r} does not exist. It must name "
+                                    f"the GPT-2 BPE ranks file (gpt2.tiktoken). {GPT2_BPE_HOWTO}")
+        if not path and not GPT2_BPE_FILE.is_file():
+            fetch_gpt2_bpe(GPT2_BPE_FILE)
+        self.enc = tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT_STR,
+                                     mergeable_ranks=read_ranks(path or GPT2_BPE_FILE),
+                                     special_tokens={GPT2_EOT: 50256}, explicit_n_vocab=50257)
 
     def encode(self, text):
-        # NOTE: tiktoken would raise a long traceback here, or (with encode_ordinary) silently split
-        # the marker into ordinary tokens; neither tells the user what is wrong with their text.
+        # NOTE: tiktoken would raise a long traceback, or (encode_ordinary) silently split the
+        # marker into ordinary tokens; neither tells the user what is wrong with their text.
         if GPT2_EOT in text:
-            raise ValueError(
-                f"gpt2 tokenizer: the text contains the special marker {GPT2_EOT!r}; it is not ordinary "
-                "text and cannot be encoded. Remove it (documents are separated by appending tok.eot)."
-            )
+            raise ValueError(f"gpt2 tokenizer: the text contains the special marker {GPT2_EOT!r}; "
+                             "it is not ordinary text and cannot be encoded. Remove it (documents "
+                             "are separated by appending tok.eot).")
         return self.enc.encode_ordinary(text)
 
     def decode(self, ids):
         return self.enc.decode(ids, errors="replace")
 
 
-def _load_gpt2_encoding():
-    path = os.environ.get("ORTHROS_TIKTOKEN_FILE")
-    if path and not Path(path).is_file():
-        raise FileNotFoundError(
-            f"ORTHROS_TIKTOKEN_FILE={path!r} does not exist. It must name the GPT-2 BPE ranks file "
-            f"(r50k_base.tiktoken / gpt2.tiktoken). {GPT2_BPE_HOWTO}"
-        )
-    if not path:
-        path = GPT2_BPE_FILE
-        if not path.is_file():
-            fetch_gpt2_bpe(path)
-    return tiktoken.Encoding(
-        name="gpt2",
-        pat_str=GPT2_PAT_STR,
-        mergeable_ranks=_read_ranks(path),
-        special_tokens={GPT2_EOT: 50256},
-        explicit_n_vocab=50257,
-    )
-
-
 def fetch_gpt2_bpe(path):
     """Put the GPT-2 BPE ranks at path, taken from the openai-whisper sdist on PyPI through pip."""
+    from data.prepare_utils import atomic_write
     print(f"fetching the GPT-2 BPE ranks from PyPI ({WHISPER}, source distribution) into {path}, "
           "once", file=sys.stderr)
     contents = fetch_from_pip(WHISPER, "whisper/assets/gpt2.tiktoken", GPT2_BPE_HOWTO, sdist=True)
-    _check_sha256(contents, f"whisper/assets/gpt2.tiktoken in {WHISPER}")
-    tmp = Path(path).with_name(Path(path).name + ".tmp")   # a half-written file never sits at path
-    tmp.write_bytes(contents)
-    os.replace(tmp, path)
+    check_sha256(contents, f"whisper/assets/gpt2.tiktoken in {WHISPER}")
+    atomic_write(path, lambda f: f.write(contents))
 
 
 def fetch_from_pip(package, member, howto, sdist=False):
@@ -151,44 +122,28 @@ def fetch_from_pip(package, member, howto, sdist=False):
             return wheel.read(next(n for n in wheel.namelist() if n.endswith(member)))
 
 
-def _check_sha256(contents, what):
-    sha256 = hashlib.sha256(contents).hexdigest()
-    if sha256 != GPT2_BPE_SHA256:
-        raise ValueError(
-            f"{what} is not the GPT-2 BPE ranks file: its sha256 is {sha256}, expected "
-            f"{GPT2_BPE_SHA256}. The file is corrupt or a different vocabulary. {GPT2_BPE_HOWTO}"
-        )
+def check_sha256(contents, what):
+    if (sha256 := hashlib.sha256(contents).hexdigest()) != GPT2_BPE_SHA256:
+        raise ValueError(f"{what} is not the GPT-2 BPE ranks file: its sha256 is {sha256}, "
+                         f"expected {GPT2_BPE_SHA256}. The file is corrupt or a different "
+                         f"vocabulary. {GPT2_BPE_HOWTO}")
 
 
-def _read_ranks(path):
-    """Read a .tiktoken file ("<base64 token> <rank>" per line) into {token bytes: rank}."""
-    # NOTE: we parse it ourselves rather than call tiktoken.load.load_tiktoken_bpe, which copies even
-    # local files into a temp cache keyed by the path, so a file later replaced at the same path
-    # could be shadowed by its stale cached copy.
+def read_ranks(path):
+    """A .tiktoken file ("<base64 token> <rank>" per line) as {token bytes: rank}."""
+    # NOTE: not tiktoken's load_tiktoken_bpe, which copies even local files into a cache keyed by
+    # the path: a file later replaced at the same path could be shadowed by its stale copy.
     contents = Path(path).read_bytes()
-    _check_sha256(contents, path)
-    ranks = {}
-    for line in contents.splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-    return ranks
+    check_sha256(contents, path)
+    lines = (line.split() for line in contents.splitlines() if line)
+    return {base64.b64decode(token): int(rank) for token, rank in lines}
 
 
 class HFTokenizer:
-    """A Hugging Face checkpoint's own tokenizer, DIR/tokenizer.json, read by the tokenizers package.
-
-    encode(text) adds what tokenizer.json's post-processor adds, as transformers' tokenizer does for
-    a prompt: the BOS token first where the post-processor prepends one (Llama's does), else
-    nothing. So a prepared document is [BOS] text EOS, as such models were trained. Special tokens
-    written in the text (e.g. "<|endoftext|>") become those tokens, as in transformers. .eot is
-    the EOS token (tokenizer_config.json's eos_token, else config.json's eos_token_id), .bos the
-    BOS token or None. The name, "hf:" + the absolute folder, is what checkpoints and meta.json record.
-    An instruction-tuned model's chat template (DIR/chat_template.jinja, or tokenizer_config.json's
-    chat_template) is .chat_template, else None; chat(prompt) renders it. .files: the texts of
-    the files it read (HF_FILES), which train.py's checkpoints keep; files= reads them back,
-    wherever the folder has gone.
-    """
+    """A Hugging Face checkpoint's own tokenizer.json. encode() adds what its post-processor adds
+    (a Llama's BOS), as transformers does, and reads special tokens written in the text. .eot: the
+    EOS token, .bos: the BOS or None, .chat_template: the model's or None. .files: the texts of
+    HF_FILES, which checkpoints keep; files= reads them back, wherever the folder has gone."""
 
     def __init__(self, folder, files=None):
         folder = Path(folder).expanduser().resolve()
@@ -205,28 +160,32 @@ class HFTokenizer:
         self.bos = self._token_id(settings.get("bos_token"), model_config.get("bos_token_id"))
         self.eot = self._token_id(settings.get("eos_token"), model_config.get("eos_token_id"))
         if self.eot is None:
-            raise ValueError(f"{folder}: no EOS token (neither tokenizer_config.json's eos_token nor "
-                             "config.json's eos_token_id names one); add eos_token to tokenizer_config.json")
+            raise ValueError(f"{folder}: no EOS token (neither tokenizer_config.json's eos_token "
+                             "nor config.json's eos_token_id names one); add eos_token to "
+                             "tokenizer_config.json")
         template = files.get("chat_template.jinja", settings.get("chat_template"))
         if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
             template = {t["name"]: t["template"] for t in template}.get("default")
         self.chat_template = template
 
     def chat(self, prompt):
-        """prompt as the user's one message, in the chat template, up to where the assistant's answer starts:
-        Jinja, rendered as transformers' apply_chat_template(..., add_generation_prompt=True) renders it."""
+        """prompt as the user's one message in the chat template, up to the assistant's answer,
+        as transformers' apply_chat_template(..., add_generation_prompt=True) renders it."""
         from jinja2.sandbox import ImmutableSandboxedEnvironment  # jinja2 comes with torch
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        special = {name: self.tokenizer.id_to_token(i) if i is not None else None for name, i in (("bos_token", self.bos), ("eos_token", self.eot))}
-        return env.from_string(self.chat_template).render(messages=[{"role": "user", "content": prompt}],
-                                                          add_generation_prompt=True, **special)
+        special = {name: None if i is None else self.tokenizer.id_to_token(i)
+                   for name, i in (("bos_token", self.bos), ("eos_token", self.eot))}
+        return env.from_string(self.chat_template).render(
+            messages=[{"role": "user", "content": prompt}], add_generation_prompt=True, **special)
 
     def _token_id(self, token, fallback):
-        """The id of a special token given by its text (or transformers' {"content": text}), else
-        config.json's id (the first, where it lists several), else None."""
+        """The id of a special token given by its text (or {"content": text}), else config.json's
+        id (the first, where it lists several), else None."""
         token = token.get("content") if isinstance(token, dict) else token
         found = self.tokenizer.token_to_id(token) if token else None
-        return found if found is not None else fallback[0] if isinstance(fallback, list) else fallback
+        if found is not None:
+            return found
+        return fallback[0] if isinstance(fallback, list) else fallback
 
     def encode(self, text):
         return self.tokenizer.encode(text).ids
@@ -237,20 +196,19 @@ class HFTokenizer:
 
 def hf_tokenizer_file(folder):
     """folder/tokenizer.json, or a one-line FileNotFoundError that names the path."""
-    path = Path(folder) / "tokenizer.json"
-    if not path.is_file():
+    if not (path := Path(folder) / "tokenizer.json").is_file():
         raise FileNotFoundError(f"no {path}: an hf: checkpoint is read with its own tokenizer; "
                                 "save it beside the weights (tokenizer.save_pretrained(DIR))")
     return path
 
 
 def require(module):
-    """Import a package that only hf: checkpoints need (safetensors, tokenizers), or say how to install it."""
+    """Import a package only hf: checkpoints need (safetensors, tokenizers), or say how."""
     try:
         return importlib.import_module(module)
     except ImportError:
-        package = module.split(".")[0]
-        raise ImportError(f"hf: checkpoints need the {package} package: pip install {package}") from None
+        name = module.split(".")[0]
+        raise ImportError(f"hf: checkpoints need the {name} package: pip install {name}") from None
 
 
 TOKENIZERS = {"byte": ByteTokenizer, "gpt2": GPT2Tokenizer}
@@ -258,10 +216,11 @@ HF_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "c
 
 
 def get_tokenizer(name, files=None):
-    """The tokenizer called name: "byte", "gpt2", or "hf:DIR" (a Hugging Face checkpoint
-    folder's; read from files, {file name: text}, where given: a checkpoint's copy)."""
+    """The tokenizer called name: "byte", "gpt2", or "hf:DIR" (read from files, {file name: text},
+    where given: a checkpoint's copy)."""
     if name.startswith("hf:"):
         return HFTokenizer(name[3:], files)
     if name not in TOKENIZERS:
-        raise ValueError(f"unknown tokenizer {name!r}; choose one of {sorted(TOKENIZERS)} or hf:DIR")
+        raise ValueError(f"unknown tokenizer {name!r}; choose one of {sorted(TOKENIZERS)} or "
+                         "hf:DIR")
     return TOKENIZERS[name]()

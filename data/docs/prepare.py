@@ -1,14 +1,14 @@
 """General text for continued pre-training: software documentation, English prose with code, from
-Debian 12's documentation packages (their reST, POD, AsciiDoc, Markdown and YAML sources). No root:
-`apt-get download` fetches them (after `apt-get update`, once), `dpkg-deb` opens them.
+Debian 12's documentation packages (their reST, POD, AsciiDoc, Markdown and YAML sources), fetched
+without root by `apt-get download` (after `apt-get update`, once) and opened by `dpkg-deb`.
 
     python data/docs/prepare.py --tokenizer hf:models/SmolLM2-135M-Instruct   # 36M tokens, 5 min
 
-Each file is one document, followed by the tokenizer's end token; a file whose contents another
-already gave is dropped. Train and val are split by a hash of package/path, so no val document is
-seen in training, even in part; both splits are in the order of that hash. Documents that hold
-repro/smollm2.py's passkey filler are dropped, so the probe's text stays unseen. Each package's
-licence is beside it below (its /usr/share/doc/<package>/copyright, the "Files: *" stanza).
+Each file is one document, followed by the end token; a file whose contents another already gave
+is dropped, and so is one holding repro/smollm2.py's passkey filler, so the probe's text stays
+unseen. Train and val are split by a hash of package/path (no val document is seen in training,
+even in part), each in the order of that hash. Each package's licence is beside it below (the
+"Files: *" stanza of its /usr/share/doc/<package>/copyright).
 """
 
 import argparse
@@ -84,7 +84,6 @@ def hashed(name):
 
 def prepare(out_dir=None, tokenizer="byte", val_fraction=0.03, packages=tuple(PACKAGES)):
     """Fetch the packages, split their files by the hash of package/path, tokenize both splits."""
-    out_dir = Path(out_dir or Path(__file__).resolve().parent)
     if set(packages) - PACKAGES.keys():
         raise ValueError(f"unknown packages {sorted(set(packages) - PACKAGES.keys())}: "
                          f"choose from {list(PACKAGES)}")
@@ -100,10 +99,10 @@ def prepare(out_dir=None, tokenizer="byte", val_fraction=0.03, packages=tuple(PA
                 seen.add(digest)
                 docs.append((hashed(f"{package}/{path}"), f"{package}/{path}", text))
     docs.sort()  # by the hash: each split mixes the packages
-    val = [d for d in docs if d[0] < val_fraction]
-    train = [d for d in docs if d[0] >= val_fraction]
+    val, train = [d for d in docs if d[0] < val_fraction], [d for d in docs if d[0] >= val_fraction]
     return write_dataset(
-        out_dir, get_tokenizer(tokenizer), [text for *_, text in train], [text for *_, text in val],
+        out_dir or Path(__file__).resolve().parent, get_tokenizer(tokenizer),
+        [text for *_, text in train], [text for *_, text in val],
         source="Debian 12 documentation packages (data/docs/prepare.py PACKAGES); one document per "
                "file; split by sha256 of package/path",
         packages={deb.name: PACKAGES[p][0] for p, deb in debs.items()}, dropped_files=dropped,

@@ -9,24 +9,18 @@ One example, as SFT turns (byte tokenizer: one character = one token):
 
     prompt 1:   4.7;Qk,9:3.;8Hb!;..(filler with n_pairs "Kv" pairs)..;;?Q      response 1:  k
     prompt 2:   ?H                                                          response 2:  b
-    ...
 
-Keys are capital letters, values lower-case letters, the filler digits and punctuation, so the
-only way to answer "?Q" is to find "Q" in the context and copy the letter after it. The
-distance of a query is (position of the queried key in the query) - (position of that key in the
-context), in tokens. Training examples scatter the pairs over the whole context and query them
-all (multi-turn); the test split has one query per example, its distance drawn inside one of
-the buckets given by --test_edges (by default: inside the window w, then w-2w, 2w-4w, 4w-8w,
-8w-16w, as far as the context reaches).
+Keys are capital letters, values lower-case letters, the filler digits and punctuation: the only
+way to answer "?Q" is to find "Q" in the context and copy the letter after it. A query's distance
+is the position of its key in the query minus that of the key in the context. Training examples
+scatter the pairs over the context and query them all; a test example has one query, its distance
+drawn inside one of the buckets --test_edges (by default: inside the window w, then w-2w, 2w-4w,
+4w-8w, 8w-16w, as far as the context reaches).
 
-Scattering almost never puts a pair flush against the query ("...Kv?K", distance 3: the needle
-at depth 1 of repro/experiments.py's needle in a haystack), the one place where a value is
-followed by "?" instead of filler or another pair. So a share --last_pair_frac of the training
-examples (10%) is drawn instead as that layout: the first query asks for the context's last pair,
-the other pairs scattered before it and queried after it. These come from a second random stream
-(seeded from --seed), so the main stream is the same as with --last_pair_frac 0: the other
-training examples and the train_short, val and test splits are exactly what they were before.
-Everything is deterministic given --seed.
+Scattering almost never puts a pair flush against the query ("...Kv?K", distance 3: the needle at
+depth 1 of repro/experiments.py's needle in a haystack). So a share --last_pair_frac of the
+training examples is that layout, drawn from a second random stream: every other example is what
+it is with --last_pair_frac 0. Everything is deterministic given --seed.
 """
 
 import argparse
@@ -100,61 +94,37 @@ def make_example(rng, context_len, n_pairs, n_queries, n_keys, n_values, first_d
     return {"turns": turns, "distances": distances}
 
 
-def bucket_name(distance, edges):
-    for lo, hi in zip(edges, edges[1:]):
-        if lo <= distance < hi:
-            return f"{lo}-{hi}"
-    return f">={edges[-1]}"
-
-
-def train_split(rng, p, shape, seed):
-    """n_train examples from rng, a share last_pair_frac of them replaced by examples whose first
-    query asks for the last pair of the context (drawn from a second stream, seeded from seed):
-    rng advances exactly as with last_pair_frac 0. Returns the examples and the replaced indices."""
-    last_rng = random.Random(f"recall-last-pair-{seed}")
-    n_last = round(p["last_pair_frac"] * p["n_train"])
-    last = set(last_rng.sample(range(p["n_train"]), n_last))
-    examples = []
-    for i in range(p["n_train"]):
-        ex = make_example(rng, p["context_len"], n_queries=p["n_queries"], **shape)  # drawn anyway
-        if i in last:
-            ex = make_example(last_rng, p["context_len"], n_queries=p["n_queries"],
-                              first_distance=LAST_PAIR_DISTANCE, **shape)
-        examples.append(ex)
-    return examples, sorted(last)
-
-
 def prepare(preset="default", out_dir=None, seed=1337, **overrides):
     """Write train.jsonl, train_short.jsonl (short, near-only: the warm-up), val.jsonl, test.jsonl
-    and meta.json to out_dir (default: data/recall/, or data/recall_<preset>/ for another preset:
-    the dataset of the config of that name)."""
+    and meta.json to out_dir (default: data/recall/, or data/recall_<preset>/: the dataset of the
+    config of that name)."""
     p = {**PRESETS[preset], **overrides}
     if not 0 <= p["last_pair_frac"] <= 1:
         raise ValueError(f"last_pair_frac must be in [0, 1], got {p['last_pair_frac']}")
-    w = p["window"]
-    edges = p.get("test_edges") or [1, w, 2 * w, 4 * w, 8 * w, 16 * w]
-    edges = [e for e in edges if e <= p["context_len"] + 1] or [1]
-    if edges[-1] < p["context_len"] + 1:  # the last bucket reaches the start of the context
-        edges.append(p["context_len"] + 2)
-    here = Path(__file__).resolve().parent
-    out_dir = Path(out_dir or (here if preset == "default" else here.with_name(f"recall_{preset}")))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(seed)
+    w, L = p["window"], p["context_len"]
+    edges = [e for e in p.get("test_edges") or [1, w, 2 * w, 4 * w, 8 * w, 16 * w] if e <= L + 1]
+    edges = (edges or [1]) + ([L + 2] if (edges or [1])[-1] < L + 1 else [])  # to the start
     shape = dict(n_pairs=p["n_pairs"], n_keys=p["n_keys"], n_values=p["n_values"])
-    train, last = train_split(rng, p, shape, seed)
-    splits = {"train": train,
-              "train_short": [make_example(rng, p["short_context_len"], **shape,
-                                           n_queries=p["n_short_queries"])
-                              for _ in range(p["n_short"])],
-              "val": [make_example(rng, p["context_len"], n_queries=p["n_queries"], **shape)
-                      for _ in range(p["n_val"])]}
-    test = []
+    rng, last_rng = random.Random(seed), random.Random(f"recall-last-pair-{seed}")
+    last = set(last_rng.sample(range(p["n_train"]), round(p["last_pair_frac"] * p["n_train"])))
+    train = []
+    for i in range(p["n_train"]):  # rng draws every example: the others stay as at share 0
+        train.append(make_example(rng, L, n_queries=p["n_queries"], **shape))
+        if i in last:
+            train[-1] = make_example(last_rng, L, n_queries=p["n_queries"],
+                                     first_distance=LAST_PAIR_DISTANCE, **shape)
+    splits = {"train": train, "train_short": [
+        make_example(rng, p["short_context_len"], **shape, n_queries=p["n_short_queries"])
+        for _ in range(p["n_short"])],
+        "val": [make_example(rng, L, n_queries=p["n_queries"], **shape) for _ in range(p["n_val"])],
+        "test": []}
     for lo, hi in zip(edges, edges[1:]):
         for _ in range(p["n_test_per_bucket"]):
-            d = rng.randrange(max(lo, 3), min(hi, p["context_len"] + 2))  # a pair needs 2 tokens
-            ex = make_example(rng, p["context_len"], n_queries=1, first_distance=d, **shape)
-            test.append({**ex, "bucket": bucket_name(d, edges)})
-    splits["test"] = test
+            d = rng.randrange(max(lo, 3), min(hi, L + 2))  # a pair needs 2 tokens
+            ex = make_example(rng, L, n_queries=1, first_distance=d, **shape)
+            splits["test"].append({**ex, "bucket": f"{lo}-{hi}"})
+    here = Path(__file__).resolve().parent
+    out_dir = Path(out_dir or (here if preset == "default" else here.with_name(f"recall_{preset}")))
     for name, examples in splits.items():
         text = "".join(json.dumps(ex) + "\n" for ex in examples)
         atomic_write(out_dir / f"{name}.jsonl", lambda f: f.write(text), mode="w")
@@ -178,9 +148,8 @@ if __name__ == "__main__":
         others = ", ".join(f"{name}: {preset[key]}" for name, preset in PRESETS.items()
                            if name != "default")
         parser.add_argument(f"--{key}", type=type(value), help=f"default {value} ({others})")
-    parser.add_argument("--test_edges", help="comma-separated bucket edges for the test distances")
+    parser.add_argument("--test_edges", type=lambda s: [int(e) for e in s.split(",")],
+                        help="comma-separated bucket edges for the test distances")
     args = vars(parser.parse_args())
-    if args["test_edges"]:
-        args["test_edges"] = [int(e) for e in args["test_edges"].split(",")]
     preset, out_dir, seed = args.pop("preset"), args.pop("out_dir"), args.pop("seed")
     prepare(preset, out_dir, seed, **{k: v for k, v in args.items() if v is not None})

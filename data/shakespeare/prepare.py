@@ -1,12 +1,12 @@
 """Tiny Shakespeare (1.1 MB of plays), GPT-2 BPE, the nanoGPT way.
 
     python data/shakespeare/prepare.py                    # downloads input.txt if missing
-    python data/shakespeare/prepare.py --input PATH.txt   # offline: use a local copy
+    python data/shakespeare/prepare.py --input PATH.txt   # offline: a local copy
     python data/shakespeare/prepare.py --input corpus.txt --tokenizer hf:DIR --out_dir data/corpus
         # any UTF-8 text, in a Hugging Face checkpoint's own tokenizer: data for its CPT
 
-The first 90% of the characters are train, the last 10% val. The whole text is one document,
-so no end token is added. The default tokenizer, GPT-2 BPE, needs its ranks file: see data/tokenizer.py.
+The first 90% of the characters are train, the last 10% val; the text is one document, with no
+end token. GPT-2 BPE needs its ranks file: see data/tokenizer.py.
 """
 
 import argparse
@@ -35,31 +35,30 @@ def download(path):
 
 
 def prepare(input_path=None, out_dir=None, tokenizer="gpt2"):
-    """Tokenize Tiny Shakespeare (default: data/shakespeare/input.txt, downloaded if missing), or
-    another text, with the tokenizer of that name (data/tokenizer.py: gpt2, byte or hf:DIR)."""
+    """Tiny Shakespeare (data/shakespeare/input.txt, downloaded if missing) or another text, in
+    the tokenizer of that name (gpt2, byte or hf:DIR)."""
     input_path = Path(input_path or DEFAULT_INPUT)
-    out_dir = Path(out_dir or Path(__file__).resolve().parent)
     if not input_path.exists():
         if input_path != DEFAULT_INPUT:
             raise FileNotFoundError(f"no such input file: {input_path}")
         download(input_path)
     text = input_path.read_text(encoding="utf-8")
     n_train = int(0.9 * len(text))  # split by characters before encoding, as nanoGPT does
-    return write_dataset(
-        out_dir, get_tokenizer(tokenizer),
-        train_docs=[text[:n_train]], val_docs=[text[n_train:]], append_eot=False,
-        source=(f"Tiny Shakespeare ({URL}), read from {input_path}" if input_path == DEFAULT_INPUT else str(input_path))
-        + "; first 90% of characters train, last 10% val",
-    )
+    source = f"Tiny Shakespeare ({URL}), read from {input_path}" \
+        if input_path == DEFAULT_INPUT else str(input_path)
+    return write_dataset(out_dir or DEFAULT_INPUT.parent, get_tokenizer(tokenizer),
+                         [text[:n_train]], [text[n_train:]], append_eot=False,
+                         source=source + "; first 90% of characters train, last 10% val")
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", help=f"a local copy of input.txt (default: {DEFAULT_INPUT})")
     parser.add_argument("--out_dir", help="where to write the bins (default: data/shakespeare/)")
-    parser.add_argument("--tokenizer", default="gpt2", help="gpt2 (default), byte, or hf:DIR (a checkpoint's tokenizer.json)")
+    parser.add_argument("--tokenizer", default="gpt2", help="gpt2 (default), byte, or hf:DIR")
     args = parser.parse_args()
     try:
         prepare(args.input, args.out_dir, args.tokenizer)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:  # a bad --tokenizer or --input, no network: one line
+    except (ValueError, FileNotFoundError, RuntimeError) as e:  # bad input, no network: one line
         sys.exit(f"error: {e}")

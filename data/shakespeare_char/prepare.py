@@ -1,11 +1,10 @@
 """Tiny Shakespeare at character level: the data of nanoGPT's shakespeare_char benchmark.
 
-    python data/shakespeare_char/prepare.py                  # data/shakespeare/input.txt, downloaded if missing
-    python data/shakespeare_char/prepare.py --input PATH.txt # offline: a local copy
+    python data/shakespeare_char/prepare.py                   # data/shakespeare/input.txt
+    python data/shakespeare_char/prepare.py --input PATH.txt  # offline: a local copy
 
-The text is ASCII, so the byte tokenizer gives one id per character: the same ids in the same
-order as nanoGPT's 65-character vocabulary would, in a vocabulary of 257 (of which the text uses
-65). The first 90% of the characters are train, the last 10% val, as in nanoGPT.
+The text is ASCII, so the byte tokenizer gives one id per character: nanoGPT's 65 characters, in
+the same order, in a vocabulary of 257. The first 90% of the characters are train, as in nanoGPT.
 """
 
 import argparse
@@ -30,11 +29,12 @@ def prepare(input_path=None, out_dir=None):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", help=f"a local copy of input.txt (default: {DEFAULT_INPUT})")
-    parser.add_argument("--out_dir", help="where to write the bins (default: data/shakespeare_char/)")
+    parser.add_argument("--out_dir", help="default: data/shakespeare_char/")
     args = parser.parse_args()
     try:
         prepare(args.input, args.out_dir)
-    except (ValueError, OSError, RuntimeError) as e:  # a missing or non-ASCII --input, no network: one line
+    except (ValueError, OSError, RuntimeError) as e:  # a missing or non-ASCII --input, no network
         sys.exit(f"error: {e}")
