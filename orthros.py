@@ -547,15 +547,15 @@ def fast_reference_attention(q, k, v, window=None, swa_impl="auto", dropout_p=0.
     if Tq == 0:    # the baselines' (empty) output stream
         return q
     if window is not None and Tq < Tk:   # keys older than the first query's window are never read
-        Tk = min(Tk, Tq + window - 1)
-        k, v = k[:, :, -Tk:], v[:, :, -Tk:]
+        Tk = min(Tk, Tq + window - 1)    # (copies: a strided view would recompile FlexAttention)
+        k, v = k[:, :, -Tk:].contiguous(), v[:, :, -Tk:].contiguous()
     if window is None or window >= Tk:   # no key falls out of the window: causal attention
         if Tq == Tk:  # square: is_causal is right, and lets SDPA use its fastest kernels
             return sdpa(q, k, v, is_causal=True, dropout_p=dropout_p)
         mask = None if Tq == 1 else attention_mask(Tq, Tk, None, q.device)  # (one query sees all)
-        # NOTE: q (a slice of both streams' queries) and a window of keys are strided views;
-        # contiguous copies (small) keep SDPA on its fused kernels instead of a slow fallback.
-        return sdpa(q.contiguous(), k.contiguous(), v.contiguous(), mask, dropout_p=dropout_p)
+        # NOTE: q is a slice of both streams' queries, a strided view; a contiguous copy (small)
+        # keeps SDPA on its fused kernels instead of a slow fallback.
+        return sdpa(q.contiguous(), k, v, mask, dropout_p=dropout_p)
     pad = Tk - Tq  # a chunk continuing a cache: dummy queries in front square it (rows dropped)
     q = F.pad(q, (0, 0, pad, 0))
     # FlexAttention for "flex" (and "auto" on CUDA); it has no attention dropout, so training

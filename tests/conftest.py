@@ -19,6 +19,8 @@ def pytest_configure(config):
     # torch 2.13's Inductor imports torch/utils/mkldnn.py, which calls the deprecated script_method.
     config.addinivalue_line("filterwarnings",
                             "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+    # The exercise tests' wrong answers compare strings with `is` on purpose, as a student would.
+    config.addinivalue_line("filterwarnings", 'ignore:"is" with a literal:SyntaxWarning')
 
 
 def pytest_collection_finish(session):
