@@ -33,6 +33,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import unittest.mock
 from dataclasses import asdict, field, fields
 from pathlib import Path
 
@@ -104,7 +105,9 @@ def model_from_checkpoint(ckpt, **config_overrides):
     attn (the paper's conversion: a Transformer's weights as Orthros with identity scale-offsets,
     or an Orthros whose scale-offsets are still the identity, e.g. a converted model, as its
     Transformer or SWA baseline)."""
-    with torch.device("meta"):  # no memory, no init for weights about to be replaced (8B: 32 GB)
+    # On "meta": no memory, no init for weights about to be replaced (8B: 32 GB). NOTE: normal_ is
+    # skipped: torch's first normal_ on "meta" imports torch._dynamo, seconds of sample.py's start.
+    with torch.device("meta"), unittest.mock.patch("torch.nn.init.normal_", lambda t, *a, **k: t):
         model = Orthros(OrthrosConfig(**{**ckpt["model_config"], **config_overrides}))
     own, state = model.state_dict(), dict(ckpt["model"])
     like = state["wte.weight"]

@@ -2,14 +2,14 @@
 A fast decoder for Orthros and its baselines: the naive decoder's numbers (orthros.py's prefill and decode), faster.
 The naive decoder grows its cache by concatenation and runs a few hundred small kernels per token from Python.
 FastDecoder keeps per layer a static cache, K and V (B, H_kv, rows, D), written in place at row pos, a device tensor,
-so that a step's shapes never change; computes both twins' attention in one call per layer (query row 0 the base
-twin, over its window: eq. 4; row 1 the output twin, over every key: eq. 5; the mask is orthros.in_window); projects
-q, k and v in one matmul; and chooses the next token (orthros.sample_next) on the device, as the next step's input.
+so that a step's shapes never change; computes both twins' attention (query row 0 the base twin, over its window:
+eq. 4; row 1 the output twin, over every key: eq. 5; the masks are orthros.in_window's); projects q, k and v in one
+matmul; and chooses the next token (orthros.sample_next) on the device, as the next step's input.
 On CUDA a step is one CUDA graph replay. Two ways to run the step:
   compile=False  eager ops captured in the CUDA graph, SDPA over every cache row with the mask: nothing to compile,
                  ready in a fraction of a second; each step reads all rows (sample.py's choice: rows = its length).
-  compile=True   the step compiled as one graph with FlexAttention, whose table of key blocks comes from pos: a step
-                 reads only the blocks it attends (the bench's long contexts); the compile takes seconds.
+  compile=True   the step compiled as one graph with a FlexAttention call per twin, whose table of key blocks comes
+                 from pos: a step reads only the blocks it attends (the bench's long contexts); compiling takes seconds.
 
     decoder = FastDecoder(model, batch_size=B, max_len=T + max_new_tokens, compile=True)
     for token in decoder.generate_tokens(idx, max_new_tokens, temperature=0): ...   # as model.generate_tokens
@@ -36,24 +36,22 @@ def block_table(pos, window, n_blocks):
     return (pos // BLOCK - first + 1).int().view(1, 1, 1), indices.int().view(1, 1, 1, n_blocks)
 
 
-def decode_block_mask(pos, windows, rows):
+def decode_block_mask(pos, window, rows):
     """FlexAttention's BlockMask of the new token at position pos (a (1,) tensor) over `rows` cache rows, and refresh(),
-    which rewrites its block table in place for the current pos. Query row r may attend key kv_idx where in_window(pos,
-    kv_idx, windows[r]): Orthros (w, None), the base twin then the output twin; the Transformer (None,); SWA (w,)."""
+    which rewrites its block table in place for the current pos: the token may attend key kv_idx where in_window(pos,
+    kv_idx, window) (window None: every key up to pos)."""
     def mask_mod(b, h, q_idx, kv_idx):
-        allowed = [in_window(pos[0], kv_idx, window) for window in windows]
-        return allowed[0] if len(allowed) == 1 else torch.where(q_idx == 0, allowed[0], allowed[1])
+        return in_window(pos[0], kv_idx, window)
 
     def refresh():
-        for old, new in zip((mask.kv_num_blocks, mask.kv_indices), block_table(pos, reach, rows // BLOCK)):
+        for old, new in zip((mask.kv_num_blocks, mask.kv_indices), block_table(pos, window, rows // BLOCK)):
             old.copy_(new)
 
-    reach = None if None in windows else windows[0]   # how far back any row reads
-    table = block_table(pos, reach, rows // BLOCK)
+    table = block_table(pos, window, rows // BLOCK)
     # NOTE: torch 2.13's CPU kernel for one query row needs a table of "full" blocks: an empty one (a GPU's would not).
     full = [torch.zeros_like(t) for t in table] if pos.device.type == "cpu" else [None, None]
     mask = BlockMask.from_kv_blocks(*table, *full, BLOCK_SIZE=BLOCK, mask_mod=mask_mod,
-                                    seq_lengths=(len(windows), rows), compute_q_blocks=False)
+                                    seq_lengths=(1, rows), compute_q_blocks=False)
     return mask, refresh
 
 
@@ -139,11 +137,16 @@ class FastDecoder:
             self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # the step's input, then its output
             self.pos = torch.zeros(1, dtype=torch.long, device=device)                # ... and its position
             self.rows = torch.arange(self.cache.rows, device=device)                  # every key's position
-            self.block_mask, self.refresh_block_mask = decode_block_mask(self.pos, self.windows, self.cache.rows)
+            # One FlexAttention call per twin (row), each with its mask: Orthros's base twin reads only the blocks of its
+            # window. (Both twins as two query rows of one call put Orthros's logits 2.5x further from float32 than
+            # the naive decoder's, inside the compiled step on an H100; one row per call was as close as naive.)
+            self.block_masks = [decode_block_mask(self.pos, w, self.cache.rows) for w in self.windows] if compile else []
             self.weights = [stacked_weights(block.attn) for block in model.blocks]
-        self.kernel_options = kernel_options
+        self.kernel_options = [kernel_options] * len(self.windows)
         if device.type == "cuda":  # FlexAttention's KV split, 3 stages of 32 keys (results/README.md, Decode)
-            self.kernel_options = {**kernel_split(model, batch_size, self.cache.rows, device), **(kernel_options or {})}
+            reads = [self.cache.rows if w is None else min(self.cache.rows, w + BLOCK) for w in self.windows]
+            self.kernel_options = [{**kernel_split(model, batch_size, n, device), **(kernel_options or {})}
+                                   for n in reads]
         # The step is the unbound function, called with self: a bound method kept on self would hold it in a
         # reference cycle, and with it the cache, after the caller lets go of the decoder.
         self.step = FastDecoder._step
@@ -261,14 +264,16 @@ class FastDecoder:
         z = torch.cat([x, x], dim=1) if self.orthros else x             # Alg. 2, line 2: the two twins
         rope = rope_cos_sin(self.pos, model.blocks[0].attn.head_dim, cfg.rope_base, x.dtype, cfg.rope_scaling)
         if self.compiled:
-            self.refresh_block_mask()                                   # the key blocks up to pos
+            for _, refresh in self.block_masks:                         # the key blocks up to pos
+                refresh()
         else:                                                           # query row r may attend key j: (L, rows)
             allowed = torch.stack([in_window(self.pos, self.rows, window) for window in self.windows])
         for l, block in enumerate(model.blocks):                        # Alg. 2, lines 3-7
             q = layer_in(block, z, c.k[l], c.v[l], c.conv[l], self.pos, rope, self.weights[l])
-            if self.compiled:   # Alg. 1, lines 8-9, in one FlexAttention call: (B, H, L, D)
-                y = flex_attention(q, c.k[l], c.v[l], block_mask=self.block_mask, kernel_options=self.kernel_options,
-                                   enable_gqa=q.size(1) != c.k[l].size(1))
+            if self.compiled:   # Alg. 1, lines 8-9, a FlexAttention call per twin: (B, H, L, D)
+                y = torch.cat([flex_attention(q[:, :, r:r + 1], c.k[l], c.v[l], block_mask=mask, kernel_options=options,
+                                              enable_gqa=q.size(1) != c.k[l].size(1))
+                               for r, ((mask, _), options) in enumerate(zip(self.block_masks, self.kernel_options))], dim=2)
             else:               # the same by SDPA, over every row of the cache
                 y = orthros.sdpa(q, repeat_kv(c.k[l], q.size(1)), repeat_kv(c.v[l], q.size(1)), allowed)
             z = layer_out(block, z, y)
