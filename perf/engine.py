@@ -271,8 +271,10 @@ class FastDecoder:
         for l, block in enumerate(model.blocks):                        # Alg. 2, lines 3-7
             q = layer_in(block, z, c.k[l], c.v[l], c.conv[l], self.pos, rope, self.weights[l])
             if self.compiled:   # Alg. 1, lines 8-9, a FlexAttention call per twin: (B, H, L, D)
-                y = torch.cat([flex_attention(q[:, :, r:r + 1], c.k[l], c.v[l], block_mask=mask, kernel_options=options,
-                                              enable_gqa=q.size(1) != c.k[l].size(1))
+                # NOTE: each twin's query a copy: compiled on a CPU, torch 2.13's FlexAttention read the output
+                # twin's query row, sliced out of q, at the base twin's (found on a CPU; harmless on a GPU).
+                y = torch.cat([flex_attention(q[:, :, r:r + 1].contiguous(), c.k[l], c.v[l], block_mask=mask,
+                                              kernel_options=options, enable_gqa=q.size(1) != c.k[l].size(1))
                                for r, ((mask, _), options) in enumerate(zip(self.block_masks, self.kernel_options))], dim=2)
             else:               # the same by SDPA, over every row of the cache
                 y = orthros.sdpa(q, repeat_kv(c.k[l], q.size(1)), repeat_kv(c.v[l], q.size(1)), allowed)
