@@ -77,8 +77,7 @@ SCALES = {  # "gpu": minutes on one H200; "cpu": recall_tiny (window 32); "tiny"
 
 @dataclass
 class Run:
-    """One train.py run: its arguments ("--key", "value" pairs), the folder it writes, and whether
-    it ends by writing exact_match.json (SFT on a task with a test split)."""
+    """A train.py run: "--key", "value" pairs, its folder, whether it writes exact_match.json."""
     out_dir: Path
     args: list
     exact_match: bool = False
@@ -298,15 +297,13 @@ def step_recall(S):
 
 
 def needle_distance(context_len, depth):
-    """Tokens from the query back to the needle's key at depth (0: the start of the context, 1:
-    just before the query), in make_example's layout: the key at round(depth * (context_len - 2)),
-    the query's at context_len + 1."""
+    """Tokens from the query back to the needle at depth (0: the context's start, 1: its end)."""
+    # make_example's layout: the key at round(depth * (context_len - 2)), the query's at L + 1
     return context_len + 1 - round(depth * (context_len - 2))
 
 
 def niah_examples(context_lens, depths, n_per_cell, task_params, tokenizer):
-    """n_per_cell needles per (context length, depth), bucket "L:depth": recall examples with one
-    query, the task's other pairs scattered around the needle."""
+    """n_per_cell one-query recall examples per (context length, depth), bucket "L:depth"."""
     rng, examples = random.Random(0), []
     shape = {k: task_params[k] for k in ("n_pairs", "n_keys", "n_values")}
     for L, depth, _ in itertools.product(context_lens, depths, range(n_per_cell)):
@@ -317,9 +314,8 @@ def niah_examples(context_lens, depths, n_per_cell, task_params, tokenizer):
 
 
 def niah_accuracy(ckpt, examples, max_len, device):
-    """Exact match per bucket of greedy generation through the KV cache (bf16 autocast on CUDA, as
-    train.py's), the needles of one length in batches. The blocked window is exact and compiles
-    nothing for each new length (flex would)."""
+    """Exact match per bucket, greedy through the KV cache (bf16 autocast on CUDA, as train.py's).
+    The blocked window is exact and compiles nothing for each new length (flex would)."""
     model = model_from_checkpoint(ckpt, max_seq_len=max_len, swa_impl="blocked").to(device).eval()
 
     @torch.no_grad()
@@ -331,8 +327,7 @@ def niah_accuracy(ckpt, examples, max_len, device):
 
 
 def step_niah(S, depths=NIAH_DEPTHS):
-    """Needle in a haystack for the three recall models: exact match of one queried pair at each
-    context length and depth, inside the trained length and beyond it."""
+    """Needle in a haystack for the recall models, inside the trained length and beyond it."""
     runs = recall_runs(S)
     launch(runs.values(), S)  # trains the recall models if the recall step has not
     lens, n, device = S["niah_lens"], S["niah_n"], pick_device()
@@ -360,8 +355,8 @@ def step_niah(S, depths=NIAH_DEPTHS):
 
 
 def conversion_runs(S, task, base, seed):
-    """Table 2's rows from a base Transformer: (a) converted to Orthros, M more steps; (b) the
-    Transformer, M more steps (Base CPT); (c) converted, no training."""
+    """Table 2's rows from a base Transformer: (a) converted, M more steps; (b) Base CPT, M more
+    steps; (c) converted, no training."""
     n_steps = load_checkpoint(base.out_dir / "ckpt_last.pt")["step"]
     m_steps = max(1, int(n_steps * S["cont_frac"]))
     args = [*S[task].split(), "--init_from", str(base.out_dir / "ckpt_last.pt"),
@@ -418,8 +413,8 @@ def parse_sample_json(stdout):
 
 
 def step_inference(S):
-    """sample.py on each LM model (first seed) at long prompts: time to first token and decode
-    tokens/s, with the naive KV cache decoder and, on CUDA, the fast one."""
+    """sample.py's time to first token and decode speed on the LM models (first seed), naive
+    decoder and, on CUDA, the fast one."""
     runs = lm_runs(S, seed_list(S)[:1])
     launch(runs.values(), S)
     decoders = ["naive", "fast"] if pick_device() == "cuda" else ["naive"]
