@@ -1,15 +1,12 @@
 """SFT data: JSONL conversations, tokenized with a loss mask, batched with the smallest t_out.
 
-One JSON object per line; other keys are kept as metadata, and an optional "bucket" (a string or
-a number) groups the exact-match report (the recall task puts its distance range there):
-
     {"prompt": "What is 2+2?", "response": "4"}
     {"turns": ["first prompt", "first response", "second prompt", "second response"]}
 
-An example is prompt + response + END (the tokenizer's end token after every response); the loss
-covers only the responses and their END tokens. In the model's terms (the paper's section 3.2),
-for a prompt of p tokens and a response of r, the output positions are the last prompt token and
-every response token, t_out = r + 1. A batch is right-padded to its longest example, and its
+Other keys are kept; an optional "bucket" (a string or a number) groups the exact-match report.
+An example is prompt + response + END (the end token after every response); the loss covers only
+the responses and their END tokens. In the model's terms (the paper's section 3.2) the output
+positions are the last prompt token and every response token; a batch is right-padded, and its
 t_out is the smallest suffix of columns that covers every example's output positions.
 """
 

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import tiktoken
 
+from data.prepare_utils import atomic_write
+
 GPT2_BPE_FILE = Path(__file__).resolve().parent / "gpt2.tiktoken"
 GPT2_BPE_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 WHISPER = "openai-whisper==20250625"  # pinned: every release carries the same file
@@ -74,8 +76,12 @@ class GPT2Tokenizer:
         if path and not Path(path).is_file():
             raise FileNotFoundError(f"ORTHROS_TIKTOKEN_FILE={path!r} does not exist. It must name "
                                     f"the GPT-2 BPE ranks file (gpt2.tiktoken). {GPT2_BPE_HOWTO}")
-        if not path and not GPT2_BPE_FILE.is_file():
-            fetch_gpt2_bpe(GPT2_BPE_FILE)
+        if not path and not GPT2_BPE_FILE.is_file():  # once, from the whisper sdist on PyPI
+            print(f"fetching the GPT-2 BPE ranks from PyPI ({WHISPER}, source distribution) into "
+                  f"{GPT2_BPE_FILE}, once", file=sys.stderr)
+            ranks = fetch_from_pip(WHISPER, "whisper/assets/gpt2.tiktoken", GPT2_BPE_HOWTO, True)
+            check_sha256(ranks, f"whisper/assets/gpt2.tiktoken in {WHISPER}")
+            atomic_write(GPT2_BPE_FILE, lambda f: f.write(ranks))
         self.enc = tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT_STR,
                                      mergeable_ranks=read_ranks(path or GPT2_BPE_FILE),
                                      special_tokens={GPT2_EOT: 50256}, explicit_n_vocab=50257)
@@ -91,16 +97,6 @@ class GPT2Tokenizer:
 
     def decode(self, ids):
         return self.enc.decode(ids, errors="replace")
-
-
-def fetch_gpt2_bpe(path):
-    """Put the GPT-2 BPE ranks at path, taken from the openai-whisper sdist on PyPI through pip."""
-    from data.prepare_utils import atomic_write
-    print(f"fetching the GPT-2 BPE ranks from PyPI ({WHISPER}, source distribution) into {path}, "
-          "once", file=sys.stderr)
-    contents = fetch_from_pip(WHISPER, "whisper/assets/gpt2.tiktoken", GPT2_BPE_HOWTO, sdist=True)
-    check_sha256(contents, f"whisper/assets/gpt2.tiktoken in {WHISPER}")
-    atomic_write(path, lambda f: f.write(contents))
 
 
 def fetch_from_pip(package, member, howto, sdist=False):

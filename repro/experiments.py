@@ -19,6 +19,7 @@ stops the trainings, which save their checkpoints.
 """
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -76,8 +77,7 @@ SCALES = {  # "gpu": minutes on one H200; "cpu": recall_tiny (window 32); "tiny"
 
 @dataclass
 class Run:
-    """One train.py run: its arguments ("--key", "value" pairs), the folder it writes, and whether
-    it ends by writing exact_match.json (SFT on a task with a test split)."""
+    """A train.py run: "--key", "value" pairs, its folder, whether it writes exact_match.json."""
     out_dir: Path
     args: list
     exact_match: bool = False
@@ -87,23 +87,21 @@ class Run:
         return [sys.executable, "train.py", *self.args, "--out_dir", str(self.out_dir)]
 
     @property
-    def given(self):
-        """{key: value} of the arguments; a key given twice keeps its last value, as in train.py."""
+    def given(self):  # {key: value}; a key given twice keeps its last value, as in train.py
         return {k.removeprefix("--"): v for k, v in zip(self.args[::2], self.args[1::2])}
 
     @property
-    def log(self):
-        return self.out_dir.with_name(self.out_dir.name + ".log")  # beside the run's folder
+    def log(self):  # beside the run's folder
+        return self.out_dir.with_name(self.out_dir.name + ".log")
 
 
 def run_state(run):
     """'done', 'resume' (a checkpoint short of the last step, or the exact match missing),
     'overwrite' (files but no checkpoint: it died before its first save) or 'fresh'. A folder of
     a run with other arguments is an error: nothing overwrites another run."""
-    last = run.out_dir / "ckpt_last.pt"
     results_written = not run.exact_match or (run.out_dir / "exact_match.json").exists()
-    if last.exists():
-        ckpt = load_checkpoint(last)
+    if (run.out_dir / "ckpt_last.pt").exists():
+        ckpt = load_checkpoint(run.out_dir / "ckpt_last.pt")
         config = {**ckpt["train_config"], "config": ckpt.get("config_name")}
         differ = [f"--{k} {config[k]!r} there, {v!r} here" for k, v in run.given.items()
                   if k in config and k != "init_from" and str(config[k]).lower() != v.lower()]
@@ -112,17 +110,14 @@ def run_state(run):
                      "move it away, or delete it to train this one")
         done = ckpt["step"] >= ckpt["train_config"]["max_iters"] and results_written
         return "done" if done else "resume"
-    if run.given.get("max_iters") == "0" and results_written:  # an evaluation: no checkpoint
-        if (run.out_dir / "log.jsonl").exists() and read_val_curve(run.out_dir):
-            return "done"
+    evaluated = (run.out_dir / "log.jsonl").exists() and read_val_curve(run.out_dir)
+    if run.given.get("max_iters") == "0" and results_written and evaluated:  # no checkpoint
+        return "done"
     return "overwrite" if run.out_dir.is_dir() and any(run.out_dir.iterdir()) else "fresh"
 
 
 class Stop(Exception):
-    """A failed run, SIGTERM or --time_limit: the trainings stop, the command exits with status."""
-    def __init__(self, why, status=3):
-        super().__init__(why)
-        self.status = status
+    """(why, exit status): a failed run, SIGTERM or --time_limit stops the trainings."""
 
 
 def run_all(jobs, parallel, deadline, keep_going=False, tick=None):
@@ -134,32 +129,32 @@ def run_all(jobs, parallel, deadline, keep_going=False, tick=None):
     env = {"OMP_NUM_THREADS": str(max(1, threads)), **os.environ}
 
     def on_sigterm(signum, frame):
-        raise Stop("SIGTERM")
+        raise Stop("SIGTERM", 3)
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         while pending or running:
             if deadline is not None and time.time() > deadline:
-                raise Stop("--time_limit reached")
+                raise Stop("--time_limit reached", 3)
             while pending and len(running) < parallel:
                 cmd, log = pending.pop(0)
                 print("$", shlex.join(cmd), flush=True)
                 with open(log, "a") as f:  # appended: a resumed run keeps the earlier output
-                    running.append((subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                                     env=env), cmd, log))
+                    proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+                running.append((proc, cmd, log))
             for proc, cmd, log in [job for job in running if job[0].poll() is not None]:
                 running.remove((proc, cmd, log))
                 if proc.returncode != 0:
                     tail = "".join(open(log, errors="replace").readlines()[-15:])
                     why = f"failed ({proc.returncode}): {shlex.join(cmd)}\n{tail}see {log}"
                     if not keep_going:
-                        raise Stop(why, status=1)
+                        raise Stop(why, 1)
                     print(why, file=sys.stderr, flush=True)
             if tick is not None:
                 tick()
             time.sleep(0.5)
-    except Stop as why:
+    except Stop as stop:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut this short
-        print(f"stopped: {why}", file=sys.stderr)
+        print(f"stopped: {stop.args[0]}", file=sys.stderr)
         running = [proc for proc, _, _ in running if proc.poll() is None]
         for proc in running:
             proc.send_signal(signal.SIGTERM)
@@ -170,22 +165,19 @@ def run_all(jobs, parallel, deadline, keep_going=False, tick=None):
                 proc.kill()
         print(f"{len(running)} trainings still running got SIGTERM (train.py saves ckpt_last.pt "
               "then); the same command continues every unfinished run.", file=sys.stderr)
-        sys.exit(why.status)
+        sys.exit(stop.args[1])
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
 def launch(runs, S, **run_all_options):
-    """Bring every run to its end: finished runs are skipped, the others started, resumed or
-    restarted."""
+    """Bring every run to its end: skip the finished, start, resume or restart the others."""
     runs, jobs = list(runs), []
+    extra = {"resume": ["--init_from", "resume"], "overwrite": ["--overwrite", "true"], "fresh": []}
     for run in runs:
-        state = run_state(run)
-        if state != "done":
+        if (state := run_state(run)) != "done":
             run.out_dir.parent.mkdir(parents=True, exist_ok=True)
-            extra = {"resume": ["--init_from", "resume"], "overwrite": ["--overwrite", "true"],
-                     "fresh": []}[state]
-            jobs.append(([*run.cmd, *extra], run.log))
+            jobs.append(([*run.cmd, *extra[state]], run.log))
     print(f"{len(runs) - len(jobs)} of {len(runs)} runs already finished", flush=True)
     if not jobs:
         return
@@ -199,8 +191,8 @@ def launch(runs, S, **run_all_options):
 
 
 def read_evals(out_dir):
-    """{step: evaluation record} from a run's log.jsonl. A resumed run may log a step twice: the
-    later record wins. A line cut short by a kill is skipped."""
+    """{step: evaluation record} of log.jsonl: the later of a step logged twice (resumed), without
+    a line cut short by a kill."""
     evals = {}
     for line in open(Path(out_dir) / "log.jsonl"):
         try:
@@ -219,8 +211,6 @@ def read_val_curve(out_dir):
 def read_json(path):
     return json.loads(Path(path).read_text())
 
-
-# -- Seeds: the spread, and which differences are larger than it -----------------------------
 
 def stats(values):
     """Per-seed values -> {"values", "mean", "std"}: the sample std, None for a single seed."""
@@ -247,8 +237,6 @@ def seed_list(S):
     return [FIRST_SEED + i for i in range(S["seeds"])]
 
 
-# -- The steps -------------------------------------------------------------------------------
-
 def lm_runs(S, seeds, names=tuple(LM_MODELS)):
     return {(name, seed): Run(S["out"] / f"lm-{name}-seed{seed}",
                               f"{S['lm']} {LM_MODELS[name]} --seed {seed}".split())
@@ -267,15 +255,14 @@ def recall_runs(S, names=RECALL_MODELS):
 def save(name, obj, S, runs=()):
     """results/<name>.json at the GPU scale, results/<name>_<scale>.json below it, atomically."""
     path = RESULTS / (f"{name}.json" if S["name"] == "gpu" else f"{name}_{S['name']}.json")
-    commands = [shlex.join(run.cmd) for run in runs]
-    obj = {"meta": {**run_meta(pick_device()), "commands": commands}, **obj}
+    obj = {"meta": {**run_meta(pick_device()), "commands": [shlex.join(r.cmd) for r in runs]},
+           **obj}
     atomic_write(path, lambda f: f.write(json.dumps(obj, indent=1) + "\n"), mode="w")
     print(f"wrote {path}", flush=True)
 
 
 def step_lm(S):
-    """The four models on the default corpus, equal tokens, each seed: val-loss curves and final
-    losses, mean and std over seeds."""
+    """The four models on the default corpus, equal tokens: val-loss curves, final losses."""
     seeds = seed_list(S)
     ensure_prepared("stdlib")  # once, before the concurrent runs would each try
     runs = lm_runs(S, seeds)
@@ -310,31 +297,25 @@ def step_recall(S):
 
 
 def needle_distance(context_len, depth):
-    """Tokens from the query back to the needle's key, for a needle at depth (0 = the start of the
-    context, 1 = just before the query): the key sits at round(depth * (context_len - 2)), the
-    query's key at context_len + 1 (make_example's layout)."""
+    """Tokens from the query back to the needle at depth (0: the context's start, 1: its end)."""
+    # make_example's layout: the key at round(depth * (context_len - 2)), the query's at L + 1
     return context_len + 1 - round(depth * (context_len - 2))
 
 
 def niah_examples(context_lens, depths, n_per_cell, task_params, tokenizer):
-    """n_per_cell needles per (context length, depth): recall examples with one query, the other
-    pairs of the task scattered around the needle. Bucket "L:depth"."""
+    """n_per_cell one-query recall examples per (context length, depth), bucket "L:depth"."""
     rng, examples = random.Random(0), []
     shape = {k: task_params[k] for k in ("n_pairs", "n_keys", "n_values")}
-    for L in context_lens:
-        for depth in depths:
-            for _ in range(n_per_cell):
-                ex = make_example(rng, L, n_queries=1, first_distance=needle_distance(L, depth),
-                                  **shape)
-                tokens, mask = encode_example(ex["turns"], tokenizer)
-                examples.append({"tokens": tokens, "mask": mask, "bucket": f"{L}:{depth}"})
+    for L, depth, _ in itertools.product(context_lens, depths, range(n_per_cell)):
+        ex = make_example(rng, L, n_queries=1, first_distance=needle_distance(L, depth), **shape)
+        tokens, mask = encode_example(ex["turns"], tokenizer)
+        examples.append({"tokens": tokens, "mask": mask, "bucket": f"{L}:{depth}"})
     return examples
 
 
 def niah_accuracy(ckpt, examples, max_len, device):
-    """Exact match per bucket of greedy generation through the KV cache (bf16 autocast on CUDA, as
-    train.py's exact match), the needles of one length in batches (one prompt length)."""
-    # The blocked window is exact and compiles nothing for each new length (flex would).
+    """Exact match per bucket, greedy through the KV cache (bf16 autocast on CUDA, as train.py's).
+    The blocked window is exact and compiles nothing for each new length (flex would)."""
     model = model_from_checkpoint(ckpt, max_seq_len=max_len, swa_impl="blocked").to(device).eval()
 
     @torch.no_grad()
@@ -346,8 +327,7 @@ def niah_accuracy(ckpt, examples, max_len, device):
 
 
 def step_niah(S, depths=NIAH_DEPTHS):
-    """Needle in a haystack for the three recall models: exact match of one queried pair at each
-    context length and depth, inside the trained length and beyond it."""
+    """Needle in a haystack for the recall models, inside the trained length and beyond it."""
     runs = recall_runs(S)
     launch(runs.values(), S)  # trains the recall models if the recall step has not
     lens, n, device = S["niah_lens"], S["niah_n"], pick_device()
@@ -375,8 +355,8 @@ def step_niah(S, depths=NIAH_DEPTHS):
 
 
 def conversion_runs(S, task, base, seed):
-    """Table 2's rows from one base Transformer: (a) converted to Orthros, M more steps; (b) the
-    Transformer, M more steps (Base CPT); (c) converted, no training."""
+    """Table 2's rows from a base Transformer: (a) converted, M more steps; (b) Base CPT, M more
+    steps; (c) converted, no training."""
     n_steps = load_checkpoint(base.out_dir / "ckpt_last.pt")["step"]
     m_steps = max(1, int(n_steps * S["cont_frac"]))
     args = [*S[task].split(), "--init_from", str(base.out_dir / "ckpt_last.pt"),
@@ -433,32 +413,29 @@ def parse_sample_json(stdout):
 
 
 def step_inference(S):
-    """sample.py on each LM model (first seed) at long prompts: time to first token and decode
-    tokens/s, with the naive KV cache decoder and, on CUDA, the fast one."""
+    """sample.py's time to first token and decode speed on the LM models (first seed), naive
+    decoder and, on CUDA, the fast one."""
     runs = lm_runs(S, seed_list(S)[:1])
     launch(runs.values(), S)
     decoders = ["naive", "fast"] if pick_device() == "cuda" else ["naive"]
     files = sorted(Path(sys.prefix).rglob("*.py"))[:400]
     text = "".join(p.read_text(errors="replace") for p in files)
+    keep = ("decoder", "prompt_tokens", "ttft_ms", "decode_tokens_per_s", "new_tokens", "batch")
     rows, cmds = [], []
     for T in S["prompt_lens"]:
         prompt = S["out"] / f"prompt-{T}.txt"
         atomic_write(prompt, lambda f: f.write(text[:T]), mode="w")  # byte tokenizer: ~T tokens
-        for (name, _), run in runs.items():
-            for decoder in decoders:
-                cmd = [sys.executable, "sample.py", "--ckpt", str(run.out_dir / "ckpt_last.pt"),
-                       "--prompt_file", str(prompt), "--max_new_tokens", str(S["new_tokens"]),
-                       "--temperature", "0", "--warmup", "--decoder", decoder, "--no_stop",
-                       "--json"]
-                cmds.append(shlex.join(cmd))
-                done = subprocess.run(cmd, capture_output=True, text=True)
-                if done.returncode != 0:
-                    sys.exit(f"failed ({done.returncode}): {cmds[-1]}\n{done.stderr[-3000:]}")
-                r = parse_sample_json(done.stdout)
-                keep = ("decoder", "prompt_tokens", "ttft_ms", "decode_tokens_per_s", "new_tokens",
-                        "batch")
-                rows.append({"model": name, **{k: r[k] for k in keep}})
-                print(rows[-1], flush=True)
+        for ((name, _), run), decoder in itertools.product(runs.items(), decoders):
+            cmd = [sys.executable, "sample.py", "--ckpt", str(run.out_dir / "ckpt_last.pt"),
+                   "--prompt_file", str(prompt), "--max_new_tokens", str(S["new_tokens"]),
+                   "--temperature", "0", "--warmup", "--decoder", decoder, "--no_stop", "--json"]
+            cmds.append(shlex.join(cmd))
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"failed ({done.returncode}): {cmds[-1]}\n{done.stderr[-3000:]}")
+            r = parse_sample_json(done.stdout)
+            rows.append({"model": name, **{k: r[k] for k in keep}})
+            print(rows[-1], flush=True)
     save("inference", {"seed": seed_list(S)[0], "sample_commands": cmds, "rows": rows}, S,
          runs.values())
 
@@ -493,8 +470,7 @@ def gap_runs(S, seeds):
 
 
 def gap_summary(evals, max_iters):
-    """One run's evaluations: its best val loss (after step 0), the step and train loss there,
-    and its curves."""
+    """A run's best val loss after step 0, the step and train loss there, and its curves."""
     best = min((r for step, r in evals.items() if step > 0), key=lambda r: r["val_loss"])
     return {"best_val": best["val_loss"], "best_step": best["step"],
             "train_at_best": best["train_loss"], "finished": max(evals) >= max_iters,

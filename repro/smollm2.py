@@ -1,34 +1,31 @@
 """
-A real pretrained model converted into Orthros: SmolLM2-135M-Instruct (convert/from_gguf.py), before and
-after continued pre-training (CPT), as in the paper's section 4.3 and Table 2, at small scale.
+A real pretrained model converted into Orthros: SmolLM2-135M-Instruct (convert/from_gguf.py),
+before and after continued pre-training (CPT), as in the paper's section 4.3 and Table 2.
 
     python repro/smollm2.py eval      # before any training, CPU: the original, Orthros and SWA
     python repro/smollm2.py cpt       # one GPU: CPT curves of Orthros, Base CPT and SWA, then at 8K
     python repro/smollm2.py prefill   # one GPU: the converted model's prefill and the original's
 
-eval measures, for each model, on the same held-out text:
-  - loss: the mean next-token loss on the first T = 2048 tokens of long held-out files of the Python standard
-    library (the val split of data/stdlib/prepare.py's rule, so CPT never trains on them), apart for
-    positions < w (where a base token sees its whole past: identical by construction) and >= w;
-  - passkey: a 5-digit key hidden at depths 10% ... 90% of 300 to 2,000 tokens of filler, then "What is the
-    pass key? The pass key is"; the greedy answer's first five digits must be the key (exact match). Each
-    trial records how far the key lies from the question, so retrieval inside and beyond the window show apart.
-The models: "original" is transformers' own LlamaForCausalLM; "orthros" and "swa" are built from the same
-weights at window w (identity scale-offsets; SWA drops the output stream). eval and prefill write
-results/smollm2_<step>[_<device>].json with their commands, device, date and commit; eval writes
-out/smollm2_eval_<device>.json instead (or --out FILE): a re-run keeps the committed one.
+eval measures transformers' own model ("original") and the two built from its weights at window
+w ("orthros", "swa": identity scale-offsets; SWA drops the output stream) on held-out text:
+  - loss: the mean next-token loss on the first T = 2048 tokens of long stdlib files of the val
+    split of data/stdlib/prepare.py, apart for positions < w (identical by construction) and >= w;
+  - passkey: a 5-digit key hidden at depths 10% ... 90% of 300 to 2,000 tokens of filler, then
+    "What is the pass key? The pass key is": the greedy answer's first five digits must be the key.
+It writes out/smollm2_eval_<device>.json (or --out FILE; results/ keeps the committed one);
+prefill results/smollm2_prefill[_<device>].json; both with the command, device, date and commit.
 
 cpt trains each of --attns with train.py (orthros | transformer, i.e. Base CPT | swa) on --data
-(data/docs/prepare.py's general text) in the same order (--data_order epoch: the same windows at
-each step, none twice), keeps the weights at --curve's fractions of --steps and measures them as
-eval does, on --data's held-out documents; then --long_steps at T = --long_seq_len (8,192: SmolLM2's
-position limit), with the passkey at T/2 and T tokens and the loss at T before and after them. The
-record (cpt.json: also each segment's training tokens/s) and plot (cpt.png) go to --out_dir with
-the runs; run again, it skips what is done and resumes a stopped run: the work can span calls of a
-time-limited machine.
+(data/docs/prepare.py's text) in the same order (--data_order epoch), keeps the weights at
+--curve's shares of --steps and measures them as eval does, on --data's held-out documents; then
+--long_steps at T = --long_seq_len (8,192: SmolLM2's position limit), with the passkey at T/2 and
+T tokens and the loss at T, before and after. The record (cpt.json, with each segment's training
+tokens/s) and plot (cpt.png) go to --out_dir with the runs. Run again, it skips what is done and
+resumes a stopped run: the work can span calls of a time-limited machine.
 """
 
 import argparse
+import itertools
 import json
 import random
 import re
@@ -46,15 +43,17 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script: import from the repository root
-from checkpoint import load_checkpoint, model_from_checkpoint, pick_device
+from checkpoint import load_checkpoint, model_from_checkpoint, pick_device, run_meta
 from convert.from_gguf import SMOLLM2_DIR
 from data.prepare_utils import atomic_write, load_meta, write_json_atomic
 from data.stdlib.prepare import find_files, is_val
 from data.tokenizer import get_tokenizer
-from checkpoint import run_meta
 
-FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-INTRO = "There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it.\n"
+FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back "
+          "again. ")
+INTRO = ("There is an important pass key hidden inside a lot of irrelevant text. Find it and "
+         "memorize it.\n")
+NEEDLE = " The pass key is {0}. Remember it. {0} is the pass key. "
 QUESTION = "\nWhat is the pass key? The pass key is"
 LENGTHS, DEPTHS, KEYS_PER_CELL = (300, 600, 1200, 2000), (0.1, 0.3, 0.5, 0.7, 0.9), 2
 LONG = 8192  # SmolLM2's positions: what the models accept (RoPE is computed on the fly)
@@ -62,9 +61,8 @@ ATTNS = ("orthros", "transformer", "swa")
 
 
 def held_out_documents(tokenizer, n_docs, seq_len):
-    """The first seq_len tokens of the first n_docs val files (by path) that hold at least seq_len tokens."""
-    src = Path(sysconfig.get_paths()["stdlib"])
-    docs = []
+    """(path, its first seq_len tokens) of the first n_docs stdlib val files that hold as many."""
+    src, docs = Path(sysconfig.get_paths()["stdlib"]), []
     for rel in (p for p in find_files(src) if is_val(p, 0.1)):
         ids = tokenizer.encode((src / rel).read_text(encoding="utf-8", errors="replace"))
         if len(ids) >= seq_len:
@@ -80,8 +78,7 @@ def val_documents(data_dir, n_docs, seq_len):
     meta = load_meta(data_dir)
     ids = np.fromfile(Path(data_dir) / "val.bin", dtype=meta["dtype"])
     ends = np.flatnonzero(ids == meta["eot"])  # each document ends with the end token
-    starts = np.r_[0, ends[:-1] + 1]
-    docs = [ids[a:a + seq_len] for a, b in zip(starts, ends) if b - a >= seq_len]
+    docs = [ids[a:a + seq_len] for a, b in zip(np.r_[0, ends[:-1] + 1], ends) if b - a >= seq_len]
     if len(docs) < n_docs:
         raise ValueError(f"{data_dir}/val.bin has {len(docs)} documents of >= {seq_len} tokens; "
                          "lower --docs or raise its val_fraction")
@@ -89,21 +86,19 @@ def val_documents(data_dir, n_docs, seq_len):
 
 
 def passkey_prompts(tokenizer, keys_per_cell=KEYS_PER_CELL, seed=0, lengths=LENGTHS):
-    """(length, depth, key, distance, token ids): the key after depth of the filler, length tokens in all;
-    distance = tokens from the key's first digit to the end of the prompt."""
+    """(length, depth, key, distance, ids): the key after depth of the filler, length tokens in
+    all; distance: tokens from the key's first digit to the end of the prompt."""
     rng, filler = random.Random(seed), tokenizer.encode(FILLER)
+    intro, question = tokenizer.encode(INTRO), tokenizer.encode(QUESTION)
     prompts = []
-    for length in lengths:
-        for depth in DEPTHS:
-            for _ in range(keys_per_cell):
-                key = str(rng.randint(10000, 99999))
-                intro, needle = tokenizer.encode(INTRO), tokenizer.encode(f" The pass key is {key}. Remember it. {key} is the pass key. ")
-                question = tokenizer.encode(QUESTION)
-                n_fill = length - len(intro) - len(needle) - len(question)
-                fill = (filler * (n_fill // len(filler) + 1))[:n_fill]
-                before = fill[:int(depth * n_fill)]
-                ids = intro + before + needle + fill[len(before):] + question
-                prompts.append((length, depth, key, len(ids) - len(intro) - len(before), ids))
+    for length, depth, _ in itertools.product(lengths, DEPTHS, range(keys_per_cell)):
+        key = str(rng.randint(10000, 99999))
+        needle = tokenizer.encode(NEEDLE.format(key))
+        n_fill = length - len(intro) - len(needle) - len(question)
+        fill = (filler * (n_fill // len(filler) + 1))[:n_fill]
+        before = fill[:int(depth * n_fill)]
+        ids = intro + before + needle + fill[len(before):] + question
+        prompts.append((length, depth, key, len(ids) - len(intro) - len(before), ids))
     return prompts
 
 
@@ -111,17 +106,18 @@ class Model:
     """One model to evaluate: logits(idx) over every position, and greedy(idx, n) new tokens."""
 
     def __init__(self, label, source, attn=None, window=128, device="cpu"):
-        self.label, self.device = label, device
+        self.label, self.hf = label, None
         if attn == "hf":  # the original implementation: transformers' model of the folder
             from transformers import AutoModelForCausalLM
-            self.hf = AutoModelForCausalLM.from_pretrained(source.removeprefix("hf:"), dtype=torch.float32).to(device).eval()
-        else:
-            ckpt = load_checkpoint(source)
-            overrides = {"attn": attn} if attn else {}
-            if (attn or ckpt["model_config"]["attn"]) != "transformer":
-                overrides["window"] = window
-            model = model_from_checkpoint(ckpt, max_seq_len=LONG, **overrides)
-            self.hf, self.model = None, model.float().to(device).eval()
+            self.hf = AutoModelForCausalLM.from_pretrained(
+                source.removeprefix("hf:"), dtype=torch.float32).to(device).eval()
+            return
+        ckpt = load_checkpoint(source)
+        overrides = {"attn": attn} if attn else {}
+        if (attn or ckpt["model_config"]["attn"]) != "transformer":
+            overrides["window"] = window
+        model = model_from_checkpoint(ckpt, max_seq_len=LONG, **overrides)
+        self.model = model.float().to(device).eval()
 
     @torch.no_grad()
     def logits(self, idx):
@@ -141,11 +137,11 @@ class Model:
 def measure(model, docs, prompts, tokenizer, window, device):
     """One Model's {"loss", "loss_below_w", "loss_from_w", "passkey": [per trial]}: the documents
     (n, T) in batches of 8,192 tokens, the prompts greedily, a batch per length."""
-    t0, losses = time.time(), []
+    t0, losses, trials = time.time(), [], []
     for idx in docs.to(device).split(max(1, LONG // docs.size(1))):
         logits = model.logits(idx)[:, :-1].float().transpose(1, 2)  # (B, vocab, T - 1)
         losses.append(F.cross_entropy(logits, idx[:, 1:], reduction="none").cpu())  # t: t + 1
-    loss, trials = torch.cat(losses), []  # loss: (docs, T - 1)
+    loss = torch.cat(losses)  # (docs, T - 1)
     lengths = sorted({p[0] for p in prompts})
     for n in lengths:
         group = [p for p in prompts if p[0] == n]  # of n tokens each: one batch
@@ -161,8 +157,7 @@ def measure(model, docs, prompts, tokenizer, window, device):
                            f"{sum(t['length'] == n for t in trials)}" for n in lengths)
     print(f"{model.label}: loss {result['loss']:.4f} (positions < {window}: "
           f"{result['loss_below_w']:.4f}, >= {window}: {result['loss_from_w']:.4f}, "
-          f"T = {docs.size(1)}); passkey {per_length} "
-          f"({time.time() - t0:.0f} s)", flush=True)
+          f"T = {docs.size(1)}); passkey {per_length} ({time.time() - t0:.0f} s)", flush=True)
     return result
 
 
@@ -181,32 +176,23 @@ def evaluate(models, tokenizer, args, device):
 def save(step, record, device, path=None):
     suffix = "" if torch.device(device).type == "cuda" else f"_{torch.device(device).type}"
     path = path or REPO / "results" / f"smollm2_{step}{suffix}.json"
-    atomic_write(path, lambda f: f.write(json.dumps({**record, "meta": run_meta(device), "command": " ".join(sys.argv)}, indent=1) + "\n"), mode="w")
+    record = {**record, "meta": run_meta(device), "command": " ".join(sys.argv)}
+    atomic_write(path, lambda f: f.write(json.dumps(record, indent=1) + "\n"), mode="w")
     print(f"wrote {path}")
 
 
-def run(cmd):
-    """Run cmd (train.py) from the repository root. A time limit's SIGTERM (timeout signals the
-    whole process group) lets train.py finish its step and save, then ends this script too."""
-    print("$ " + " ".join(cmd), flush=True)
-    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # wait (exec resets it for the child)
-    try:
-        done = subprocess.run(cmd, cwd=REPO)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    if done.returncode:
-        raise SystemExit(f"{cmd[1]} stopped (exit code {done.returncode}); run again to resume")
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python repro/smollm2.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python repro/smollm2.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("step", choices=["eval", "cpt", "plot", "prefill"],
                         help="plot: cpt's plot again, from --out_dir's cpt.json alone")
-    parser.add_argument("--hf", default=str(SMOLLM2_DIR), help="the Hugging Face folder (python convert/from_gguf.py writes it)")
+    parser.add_argument("--hf", default=str(SMOLLM2_DIR),
+                        help="the Hugging Face folder (python convert/from_gguf.py writes it)")
     parser.add_argument("--window", type=int, default=128)
     parser.add_argument("--docs", type=int, default=16, help="held-out documents for the loss")
     parser.add_argument("--seq_len", type=int, default=2048)
-    parser.add_argument("--keys", type=int, default=KEYS_PER_CELL, help="passkey: keys per (length, depth)")
+    parser.add_argument("--keys", type=int, default=KEYS_PER_CELL,
+                        help="passkey: keys per (length, depth)")
     group = parser.add_argument_group("cpt")
     group.add_argument("--data", default=str(REPO / "data" / "docs"), help="a prepared dataset")
     group.add_argument("--attns", default=",".join(ATTNS), help="the models to train")
@@ -226,8 +212,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     device, hf = pick_device(args.device), f"hf:{Path(args.hf).resolve()}"
     if args.step == "plot":  # from the record alone: no model, no data
-        out = Path(args.out_dir)
-        return plot(json.loads((out / "cpt.json").read_text()), out / "cpt.png")
+        return plot(json.loads((Path(args.out_dir) / "cpt.json").read_text()),
+                    Path(args.out_dir) / "cpt.png")
     tokenizer = get_tokenizer(hf)
     if args.step == "eval":
         models = [("original", hf, "hf"), ("orthros", hf, "orthros"), ("swa", hf, "swa")]
@@ -237,7 +223,8 @@ def main(argv=None):
     elif args.step == "cpt":
         cpt(args, hf, tokenizer, device)
     else:
-        save("prefill", prefill_times(hf, [int(n) for n in args.lengths.split(",")], args.window, device), device)
+        lengths = [int(n) for n in args.lengths.split(",")]
+        save("prefill", prefill_times(hf, lengths, args.window, device), device)
 
 
 def cpt(args, hf, tokenizer, device):
@@ -255,14 +242,13 @@ def cpt(args, hf, tokenizer, device):
     sets = {T: (val_documents(args.data, args.docs, T), passkey_prompts(tokenizer, args.keys, 0, n))
             for T, n in ((args.seq_len, LENGTHS), (long, (long // 2, long - 8)))}  # + 8 new tokens
 
-    def measured(keys, label, source, attn=None, T=args.seq_len):  # at record[keys[0]][keys[1]]...
-        *parents, last = keys
+    def measured(keys, label, source, attn=None, T=args.seq_len):  # record[keys[0]][keys[1]]...
         node = record
-        for key in parents:
+        for key in keys[:-1]:
             node = node.setdefault(key, {})
-        if last not in node:
+        if keys[-1] not in node:
             model = Model(label, source, attn, args.window, device)
-            node[last] = measure(model, *sets[T], tokenizer, args.window, device)
+            node[keys[-1]] = measure(model, *sets[T], tokenizer, args.window, device)
             write_json_atomic(path, record)  # now: a call stopped by its time limit keeps it
 
     measured(["original", str(args.seq_len)], "original", hf, "hf")
@@ -270,8 +256,8 @@ def cpt(args, hf, tokenizer, device):
     curve = sorted({0, args.steps, *(round(float(f) * args.steps) for f in args.curve.split(","))})
     for attn in attns:  # all curves before any long stage: if time runs out, the curves are done
         measured([attn, "curve", "0"], attn, hf, attn)
-        record[attn]["train"] = train_run(args, attn, hf, out / attn, args.seq_len, args.batch_size,
-                                          args.steps, args.lr, curve, args.compile)
+        record[attn]["train"] = train_run(args, attn, hf, out / attn, args.seq_len,
+                                          args.batch_size, args.steps, args.lr, curve, args.compile)
         for step in curve[1:]:
             kept = str(out / attn / f"ckpt_{step}.pt")
             measured([attn, "curve", str(step)], f"{attn} at step {step}", kept)
@@ -289,8 +275,8 @@ def cpt(args, hf, tokenizer, device):
 
 
 def train_run(args, attn, init, out, seq_len, batch_size, steps, lr, curve, compiled):
-    """train.py from init into out (resumed if stopped, skipped if done), keeping the weights at the
-    curve's steps; its settings, val losses and median training tokens/s in each segment."""
+    """train.py from init into out (resumed if stopped, skipped if done), keeping the weights at
+    the curve's steps; its settings, val losses and median training tokens/s in each segment."""
     if not (out / f"ckpt_{steps}.pt").exists():
         start = (["--init_from", "resume"] if (out / "ckpt_last.pt").exists()
                  else ["--init_from", str(init), "--overwrite", "true"])
@@ -299,7 +285,17 @@ def train_run(args, attn, init, out, seq_len, batch_size, steps, lr, curve, comp
                        max_iters=steps, lr=lr, warmup_iters=max(1, steps // 10),
                        eval_interval=steps, eval_iters=5, log_interval=10, compile=compiled,
                        keep_steps=",".join(map(str, curve[1:])), out_dir=out)
-        run([sys.executable, "train.py", *start, *(f"--{k}={v}" for k, v in options.items())])
+        cmd = [sys.executable, "train.py", *start, *(f"--{k}={v}" for k, v in options.items())]
+        print("$ " + " ".join(cmd), flush=True)
+        # A time limit's SIGTERM (timeout signals the whole process group) lets train.py finish its
+        # step and save; this script waits for it (exec resets the handler for the child).
+        previous = signal.signal(signal.SIGTERM, lambda *_: None)
+        try:
+            done = subprocess.run(cmd, cwd=REPO)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if done.returncode:
+            raise SystemExit(f"train.py stopped (exit code {done.returncode}); run again to resume")
     logs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     speeds = lambda a, b: [r["tok_per_s"] for r in logs  # past step 10: compiling
                            if max(a, 10) < r["step"] <= b and "tok_per_s" in r] or [None]
@@ -344,10 +340,11 @@ def plot(record, path):
 
 @torch.no_grad()
 def prefill_times(hf, lengths, window, device, reps=5):
-    """Median seconds of model.prefill (bf16) at each length, Orthros at window w against the Transformer."""
+    """Median seconds of model.prefill (bf16) at each length: Orthros at window w, Transformer."""
     ckpt, times = load_checkpoint(hf), {}
     for attn in ("orthros", "transformer"):
-        model = model_from_checkpoint(ckpt, attn=attn, window=window, max_seq_len=max(lengths)).to(device, torch.bfloat16).eval()
+        model = model_from_checkpoint(ckpt, attn=attn, window=window, max_seq_len=max(lengths))
+        model = model.to(device, torch.bfloat16).eval()
         for n in lengths:
             idx = torch.randint(0, model.config.vocab_size, (1, n), device=device)
             model.prefill(idx)  # first call: FlexAttention's compilation
@@ -361,7 +358,8 @@ def prefill_times(hf, lengths, window, device, reps=5):
             times[f"{attn}_{n}"] = sorted(samples)[reps // 2]
             print(f"{attn} prefill at {n} tokens: {times[f'{attn}_{n}'] * 1000:.1f} ms", flush=True)
         del model
-    return {"seconds": times, "speedup": {n: times[f"transformer_{n}"] / times[f"orthros_{n}"] for n in lengths}}
+    speedup = {n: times[f"transformer_{n}"] / times[f"orthros_{n}"] for n in lengths}
+    return {"seconds": times, "speedup": speedup}
 
 
 if __name__ == "__main__":

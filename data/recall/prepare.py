@@ -5,22 +5,16 @@
     python data/recall/prepare.py --preset micro   # window 16, seconds on a CPU: data/recall_micro/
     python data/recall/prepare.py --context_len 4000 --test_edges 0,128,256,512,1024,2048,3968
 
-One example, as SFT turns (byte tokenizer: one character = one token):
-
-    prompt 1:   4.7;Qk,9:3.;8Hb!;..(filler with n_pairs "Kv" pairs)..;;?Q      response 1:  k
-    prompt 2:   ?H                                                          response 2:  b
-
-Keys are capital letters, values lower-case letters, the filler digits and punctuation: the only
-way to answer "?Q" is to find "Q" in the context and copy the letter after it. A query's distance
-is the position of its key in the query minus that of the key in the context. Training examples
-scatter the pairs over the context and query them all; a test example has one query, its distance
-drawn inside one of the buckets --test_edges (by default: inside the window w, then w-2w, 2w-4w,
-4w-8w, 8w-16w, as far as the context reaches).
-
-Scattering almost never puts a pair flush against the query ("...Kv?K", distance 3: the needle at
-depth 1 of repro/experiments.py's needle in a haystack). So a share --last_pair_frac of the
-training examples is that layout, drawn from a second random stream: every other example is what
-it is with --last_pair_frac 0. Everything is deterministic given --seed.
+An example, as SFT turns (byte tokenizer): "4.7;Qk,9:3.;8Hb!;...;;?Q" -> "k", "?H" -> "b", ...
+Keys are capital letters, values lower-case, the filler digits and punctuation: the only way to
+answer "?Q" is to copy the letter after "Q" in the context. A query's distance is the position of
+its key minus that of the key in the context. Training examples scatter the pairs over the context
+and query them all; a test example has one query, at a distance inside one of the buckets
+--test_edges (by default: inside the window w, then w-2w, ..., 8w-16w, as far as the context
+reaches). Scattering almost never puts a pair flush against the query ("...Kv?K", distance 3: the
+needle at depth 1 of repro/experiments.py's needle in a haystack), so a share --last_pair_frac of
+the training examples has that layout, drawn from a second random stream: every other example is
+as with --last_pair_frac 0. Everything is deterministic given --seed.
 """
 
 import argparse
