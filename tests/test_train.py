@@ -199,8 +199,9 @@ def test_a_run_from_a_checkpoint_has_its_shape_and_its_start_is_a_best(pretraine
     """From a checkpoint, under a preset of another shape, a run has the checkpoint's shape and
     saves its start as ckpt_best.pt: never worse than the start."""
     train.main(["--config", "small", "--device", "cpu", "--init_from", f"{pretrained}/ckpt_last.pt",
-                "--n_embd", "128", "--seq_len", "64", "--batch_size", "2", "--max_iters", "2", "--lr",
-                "0", "--eval_interval", "1", "--eval_iters", "1", "--out_dir", str(tmp_path)])
+                "--n_embd", "128", "--seq_len", "64", "--batch_size", "2", "--max_iters", "2",
+                "--lr", "0", "--eval_interval", "1", "--eval_iters", "1", "--out_dir",
+                str(tmp_path)])
     ckpt = load_checkpoint(tmp_path / "ckpt_last.pt")
     assert ckpt["model_config"]["n_embd"] == ckpt["train_config"]["n_embd"] == 64
     assert ckpt["train_config"]["n_layer"] == 2   # small's is 6
