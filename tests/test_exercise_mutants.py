@@ -1,5 +1,4 @@
-"""The checkers, proven by wrong answers a student could write, by class: each of
-tests/exercise_mutants.md fails, its report naming the property it breaks and the input."""
+"""Each wrong answer of tests/exercise_mutants.md fails, naming the property and the input."""
 
 import collections
 from pathlib import Path
