@@ -20,7 +20,6 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import sample
 import test_orthros
@@ -30,7 +29,6 @@ from convert.hf import convert_hf
 from data.prepare_utils import PretrainBatches, load_meta, write_dataset
 from data.shakespeare.prepare import prepare as prepare_text
 from data.tokenizer import get_tokenizer
-from orthros import llama3_inv_freq
 
 VOCAB = 96                   # ids: 0 <unk>, 1 <s> (BOS), 2 </s> (EOS), 3.. the words w3 ... w95
 WORDS = [f"w{i}" for i in range(3, VOCAB)]
@@ -123,19 +121,6 @@ def test_logits_equal_transformers_when_the_window_covers_the_sequence(hf, name)
     for T in (1, 9, 64, 200):
         idx = tokens(T)
         assert (converted(folder, window=T)(idx)[0] - hf_logits(model, idx)).abs().max() <= TOL
-
-
-def test_llama3_rope_frequencies_equal_transformers():
-    """Llama 3's RoPE scaling gives transformers' frequencies, in all three bands."""
-    config = LlamaConfig(hidden_size=4096, num_attention_heads=32, rope_theta=500000.0,
-                         max_position_embeddings=131072,
-                         rope_scaling={**LLAMA3, "original_max_position_embeddings": 8192})
-    theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](config)
-    plain = 500000.0 ** -(torch.arange(0, 128, 2).float() / 128)
-    ours = llama3_inv_freq(plain, config.rope_parameters)
-    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=0)
-    assert (ours == plain).any() and (ours == plain / 8).any()
-    assert ((ours != plain) & (ours != plain / 8)).any()
 
 
 def test_bf16_checkpoint_converts_in_bf16_with_transformers_logits(hf):
@@ -308,19 +293,6 @@ def sample_json(capsys, *args):
     capsys.readouterr()
     sample.main(["--device", "cpu", "--json", *args])
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-
-
-@pytest.mark.parametrize("name", ["llama3_gqa_untied", "qwen3"])
-def test_sample_greedy_equals_transformers_generate(hf, capsys, name):
-    """sample.py --ckpt hf:DIR --temperature 0 generates what transformers' greedy generate does."""
-    folder, model = hf[name]
-    prompt, n = "w5 w9 w17 w3 w40", 20
-    ids = AutoTokenizer.from_pretrained(folder)(prompt, return_tensors="pt")["input_ids"]
-    model.generation_config.eos_token_id = None  # all n tokens, as --no_stop
-    theirs = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)[0, ids.size(1):]
-    record = sample_json(capsys, "--ckpt", f"hf:{folder}", "--temperature", "0", "--prompt", prompt,
-                         "--max_new_tokens", str(n), "--no_stop")
-    assert record["samples"] == [prompt + get_tokenizer(f"hf:{folder}").decode(theirs.tolist())]
 
 
 @pytest.mark.parametrize("attn", ["orthros", "transformer"])

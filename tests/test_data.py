@@ -13,7 +13,7 @@ import data.docs.prepare as docs_prepare
 import data.prepare_utils as prepare_utils
 import data.stdlib.prepare as stdlib_prepare
 from data.prepare_utils import PretrainBatches, ensure_prepared, load_meta
-from data.recall.prepare import FILLER, KEYS, PRESETS, QUERY, VALUES, make_example
+from data.recall.prepare import FILLER, KEYS, PRESETS, QUERY, VALUES
 from data.recall.prepare import prepare as prepare_recall
 import data.sft
 from data.sft import IGNORE, SFTBatches, collate, encode_example, load_examples, read_jsonl
@@ -302,24 +302,6 @@ def test_overlong_examples_are_reported_and_dropped_or_truncated(tmp_path):
     kept, report = load_examples(path, tok, max_len=8, overlong="truncate")
     assert len(kept) == 2 and "truncated" in report
     assert len(kept[0]["tokens"]) == 9 and kept[0]["tokens"][-3:] == [97, 98, tok.eot]
-
-
-def test_recall_distances_are_as_requested_and_the_answer_is_in_the_prompt():
-    """A generated query's key and value stand exactly `distance` tokens before the query."""
-    rng = random.Random(0)
-    tok = get_tokenizer("byte")
-    for distance in (3, 10, 31, 32, 100, 250, 301):
-        ex = make_example(rng, 300, n_pairs=8, n_queries=3, n_keys=26, n_values=26,
-                          first_distance=distance)
-        assert ex["distances"][0] == distance
-        tokens, mask = encode_example(ex["turns"], tok)
-        text = "".join(chr(t) if t < 256 else "$" for t in tokens)
-        for j, d in enumerate(ex["distances"]):
-            q = 300 + 1 + 4 * j                   # the query key of turn j
-            key, value = text[q], text[q + 1]     # "?K" then the response "v"
-            assert text[q - 1] == "?" and text[q - d] == key and text[q - d + 1] == value
-            assert text[:300].count(key) == 1     # the key is unique in the context
-        assert mask[300 + 2] and not mask[300 + 1]  # the value is a target, the key is not
 
 
 def read_split(folder, split):

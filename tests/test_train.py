@@ -432,15 +432,6 @@ def test_padding_never_leaks_into_an_example():
     torch.testing.assert_close(batched[1, :len(tokens) - 1], alone[0], rtol=0, atol=1e-12)
 
 
-def test_sft_on_the_shipped_example_reports_accuracy_by_numeric_bucket(pretrained, tmp_path):
-    """data/sft_example trains and ends with its exact-match scores, buckets in numeric order."""
-    run_train(tmp_path, "--task", "sft", "--dataset", str(REPO / "data" / "sft_example"),
-              "--init_from", f"{pretrained}/ckpt_best.pt", "--max_iters", "2", "--eval_interval",
-              "2", "--eval_exact_match", "40")
-    scores = json.loads((tmp_path / "exact_match.json").read_text())
-    assert list(scores) == sorted(scores, key=int) and sum(s["n"] for s in scores.values()) == 40
-
-
 # -----------------------------------------------------------------------------
 # sample.py
 
