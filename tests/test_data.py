@@ -59,17 +59,13 @@ def split_docs(path, tok):
 
 # ----------------------------------------------------------------------------- tokenizers
 
-def test_byte_tokenizer_round_trips_unicode_and_keeps_its_end_token_apart():
-    """The byte tokenizer decodes any text back, never encodes the end token, and names it."""
+def test_byte_and_gpt2_round_trip_unicode_and_keep_the_end_token_apart():
+    """Both decode any text back; bytes never encode the end token; GPT-2 gives GPT-2's ids."""
     tok = get_tokenizer("byte")
     for text in UNICODE_SAMPLES:
         ids = tok.encode(text)
         assert tok.decode(ids) == text and all(i < 256 for i in ids)
     assert tok.decode(tok.encode("a") + [tok.eot] + tok.encode("é")) == "a<|end|>é"
-
-
-def test_gpt2_gives_gpt2s_ids_and_round_trips_unicode():
-    """GPT-2 BPE from the local ranks file gives GPT-2's known ids and decodes any text back."""
     tok = get_tokenizer("gpt2")
     assert tok.encode("hello world") == [31373, 995] and tok.encode(" the") == [262]
     assert tok.decode([31373, 995, 50256]) == "hello world<|endoftext|>"
@@ -184,31 +180,24 @@ def test_epoch_order_draws_every_window_once_per_epoch_however_the_batches_are_c
 
 # ----------------------------------------------------------------------------- shakespeare
 
-def test_shakespeare_bins_decode_back(tmp_path):
-    """Shakespeare's bins decode to the first 90% and last 10% of the text; no input: an error."""
+def test_shakespeare_bins_decode_back_and_char_ids_are_the_characters(tmp_path):
+    """The bins decode to the first 90% and last 10% of the text, shakespeare_char's as character
+    codes; no input, or non-ASCII text for shakespeare_char: an error."""
     text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak.\n" * 5
     (tmp_path / "input.txt").write_text(text)
-    meta = prepare_shakespeare(tmp_path / "input.txt", tmp_path / "out")
-    tok = get_tokenizer("gpt2")
-    n_train = int(0.9 * len(text))
-    assert tok.decode(read_bin(tmp_path / "out/train.bin")) == text[:n_train]
-    assert tok.decode(read_bin(tmp_path / "out/val.bin")) == text[n_train:]
+    n_train, tok = int(0.9 * len(text)), get_tokenizer("gpt2")
+    meta = prepare_shakespeare(tmp_path / "input.txt", tmp_path / "bpe")
+    assert tok.decode(read_bin(tmp_path / "bpe/train.bin")) == text[:n_train]
+    assert tok.decode(read_bin(tmp_path / "bpe/val.bin")) == text[n_train:]
     assert (meta["tokenizer"], meta["vocab_size"]) == ("gpt2", 50257)
-    with pytest.raises(FileNotFoundError, match="nowhere.txt"):
-        prepare_shakespeare(tmp_path / "nowhere.txt", tmp_path / "out")
-
-
-def test_shakespeare_char_ids_are_the_characters_and_other_text_is_refused(tmp_path):
-    """shakespeare_char holds each character as its code, 90% in train; non-ASCII is refused."""
-    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 3
-    (tmp_path / "input.txt").write_text(text)
-    meta = prepare_shakespeare_char(tmp_path / "input.txt", tmp_path / "out")
-    n_train = int(0.9 * len(text))
-    assert read_bin(tmp_path / "out/train.bin") == [ord(c) for c in text[:n_train]]
+    meta = prepare_shakespeare_char(tmp_path / "input.txt", tmp_path / "char")
+    assert read_bin(tmp_path / "char/train.bin") == [ord(c) for c in text[:n_train]]
     assert meta["train_tokens"] + meta["val_tokens"] == len(text) and meta["tokenizer"] == "byte"
+    with pytest.raises(FileNotFoundError, match="nowhere.txt"):
+        prepare_shakespeare(tmp_path / "nowhere.txt", tmp_path / "bpe")
     (tmp_path / "input.txt").write_text("naïve")
     with pytest.raises(ValueError, match="not ASCII"):
-        prepare_shakespeare_char(tmp_path / "input.txt", tmp_path / "out")
+        prepare_shakespeare_char(tmp_path / "input.txt", tmp_path / "char")
 
 
 # ----------------------------------------------------------------------------- ensure_prepared

@@ -117,7 +117,7 @@ def test_the_tests_pass_in_a_copy_with_answers_everywhere_a_new_exercise_and_an_
         path, body = root / Path(inspect.getfile(fn)).relative_to(REPO), inspect.getsource(fn)
         assert re.search(rf"\b{old}\b", body) and body in path.read_text(), (fn, old)
         path.write_text(path.read_text().replace(body, re.sub(rf"\b{old}\b", new, body)))
-    files = [f"tests/test_exercise{name}.py" for name in ("s", "_mutants", "_workflow")]
+    files = ["tests/test_exercises.py", "tests/test_exercise_workflow.py"]
     student = "start_copies or answer_written or stub"
     for where, tests in ((root, f"{student} or command_line or tiny_lab or ex01 or ex08"),
                          (tmp_path / "archive", student)):
