@@ -1,14 +1,10 @@
-"""The README's map of orthros.py and its CPT recipe, run metadata, the data scripts' --help."""
+"""The README's map of orthros.py and its CPT recipe; the run metadata results record."""
 
 import json
 import re
-import runpy
 import shlex
 import subprocess
-import sys
 from pathlib import Path
-
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -57,20 +53,3 @@ def test_run_metadata_names_the_commit_and_whether_the_tree_was_clean(tmp_path, 
     monkeypatch.setenv("ORTHROS_GIT_COMMIT", "abc1234")
     monkeypatch.setenv("ORTHROS_GIT_CLEAN", "1")
     assert checkpoint.git_state() == ("abc1234", True)
-
-
-SCRIPTS = sorted(str(p.relative_to(REPO)) for p in REPO.glob("data/**/*.py")
-                 if 'if __name__ == "__main__"' in p.read_text())
-
-
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_every_data_script_answers_help_without_doing_anything(script, monkeypatch, capsys):
-    """`python data/.../script.py --help` prints its usage, writing or fetching nothing."""
-    files = lambda: {p: p.stat().st_mtime_ns for p in (REPO / "data").rglob("*")
-                     if p.is_file() and "__pycache__" not in p.parts}
-    before = files()
-    monkeypatch.setattr(sys, "argv", [script, "--help"])
-    with pytest.raises(SystemExit) as done:
-        runpy.run_path(str(REPO / script), run_name="__main__")
-    assert done.value.code in (0, None) and capsys.readouterr().out.startswith("usage:")
-    assert files() == before

@@ -68,7 +68,7 @@ def test_an_answer_written_in_place_is_not_checked_and_check_says_so(mine, tmp_p
     assert len(note) == 1 and "is not checked" in note[0] and f"mine/{EXERCISES[4]}.py" in note[0]
     failing = pytest.raises(AssertionError, match=re.escape(note[0]))
     with failing if where == "in the stub" else contextlib.nullcontext():
-        test_exercises.test_the_untouched_stub_and_the_second_hint(4)
+        test_exercises.test_the_untouched_stub_is_not_started(4)
 
 
 def copy_of_the_repository(source, root, teacher):

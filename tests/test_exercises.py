@@ -6,7 +6,6 @@ import collections
 import importlib
 import inspect
 import re
-import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -48,8 +47,8 @@ def test_the_stored_solution_and_another_right_answer_pass_on_inputs_at_the_pape
 
 
 @pytest.mark.parametrize("n", NUMBERS, ids=IDS)
-def test_the_untouched_stub_and_the_second_hint(n):
-    """The stub is "not started", with the solution's signatures; hint 2 holds none of its code."""
+def test_the_untouched_stub_is_not_started(n):
+    """The stub is "not started", naming how to start, with the solution's signatures."""
     spec = load_spec(n)
     stub = framework.stub_source(spec)
     answer = framework.load_answer(spec, stub, framework.STUBS / f"{EXERCISES[n]}.py")
@@ -60,13 +59,9 @@ def test_the_untouched_stub_and_the_second_hint(n):
     imported = {a.name for node in ast.walk(ast.parse(stub)) if isinstance(node, ast.ImportFrom)
                 for a in node.names}
     solved = importlib.import_module(f"exercises.solutions.{EXERCISES[n]}")
-    hint = re.sub(r"\s+", " ", framework.hints(spec)[1])
     for name in spec.FUNCTIONS:
         assert inspect.signature(answer.functions[name]) == inspect.signature(getattr(solved, name))
         assert answer.functions[name].__module__.startswith("_exercise_") and name not in imported
-        for line in textwrap.dedent(inspect.getsource(getattr(solved, name))).splitlines():
-            code = re.sub(r"\s+", " ", line.split("#")[0].strip())
-            assert len(code) < 20 or code.startswith(("def ", '"""')) or code not in hint, code
 
 
 Mutant = collections.namedtuple("Mutant", "n kind name expect edits")   # edits: [[old, new], ...]

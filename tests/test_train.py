@@ -200,11 +200,15 @@ def test_a_run_from_a_checkpoint_has_its_shape_and_its_start_is_a_best(pretraine
     assert best["step"] == 0 and best["best_val_loss"] == evals[0] == evals[2]
 
 
-def test_resuming_a_finished_run_writes_nothing_and_one_that_does_not_improve_keeps_its_best(
-        pretrained, tmp_path):
-    """Resuming a finished run touches no file; one that does not improve keeps ckpt_best.pt."""
+def test_an_out_dir_holding_a_run_is_refused_unless_resumed_or_overwritten(pretrained, tmp_path):
+    """A new run into a run's folder is refused, unchanged; resuming it finished touches no file,
+    resumed without improving it keeps ckpt_best.pt; --overwrite true replaces it."""
     folder = tmp_path / "run"
     shutil.copytree(pretrained, folder)
+    before = snapshot(folder)
+    with pytest.raises(SystemExit, match="holds a run.*--init_from resume.*--overwrite true"):
+        run_train(folder, "--max_iters", "3")
+    assert snapshot(folder) == before
     untouched = lambda: {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.iterdir()}
     before = untouched()
     run_train(folder, "--init_from", "resume", "--max_iters", "20")
@@ -212,6 +216,10 @@ def test_resuming_a_finished_run_writes_nothing_and_one_that_does_not_improve_ke
     run_train(folder, "--init_from", "resume", "--lr", "0", "--max_iters", "21", "--eval_interval",
               "21")
     assert load_checkpoint(folder / "ckpt_best.pt")["step"] == 20
+    run_train(folder, "--max_iters", "3", "--eval_interval", "3", "--overwrite", "true")
+    assert load_checkpoint(folder / "ckpt_last.pt")["step"] == 3
+    losses, _ = read_log(folder)
+    assert sorted(losses) == [1, 2, 3]  # the old run's log is gone, not appended to
 
 
 def test_resume_restores_the_runs_options_but_the_given_ones_and_its_command_reads_back(tmp_path):
@@ -392,20 +400,6 @@ def test_sft_from_a_checkpoint_never_writes_into_its_folder(pretrained, tmp_path
     run_train(tmp_path / "sft", *sft, "--max_iters", "2", "--eval_interval", "2")
     assert load_checkpoint(tmp_path / "sft" / "ckpt_last.pt")["train_config"]["task"] == "sft"
     assert snapshot(pretrained) == before
-
-
-def test_an_out_dir_holding_a_run_is_refused_unless_resumed_or_overwritten(pretrained, tmp_path):
-    """A new run into a folder holding a run is refused, unchanged; --overwrite true replaces it."""
-    folder = tmp_path / "run"
-    shutil.copytree(pretrained, folder)
-    before = snapshot(folder)
-    with pytest.raises(SystemExit, match="holds a run.*--init_from resume.*--overwrite true"):
-        run_train(folder, "--max_iters", "3")
-    assert snapshot(folder) == before
-    run_train(folder, "--max_iters", "3", "--eval_interval", "3", "--overwrite", "true")
-    assert load_checkpoint(folder / "ckpt_last.pt")["step"] == 3
-    losses, _ = read_log(folder)
-    assert sorted(losses) == [1, 2, 3]  # the old run's log is gone, not appended to
 
 
 def test_max_iters_zero_saves_the_initial_model(tmp_path):
