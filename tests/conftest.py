@@ -65,8 +65,7 @@ def torch_threads():
 
 @pytest.fixture(scope="session")
 def recall_runs():
-    """recall_micro trained once per test session, for SWA and Orthros: {attn: out_dir}.
-    test_train.py's recall test and exercise 10's check both read them."""
+    """recall_micro trained once per session, for SWA and Orthros: {attn: out_dir}."""
     for attn, (out, proc) in RECALL.items():
         log = (out.parent / f"{attn}.log").read_text
         assert proc.wait() == 0, f"the recall_micro {attn} run failed:\n{log()}"

@@ -97,8 +97,8 @@ def test_run_all_fails_clearly_and_stops_at_the_time_limit(tmp_path, capsys):
     assert signal.getsignal(signal.SIGTERM) == before  # the handler was put back
 
 
-def test_gap_pairs_differ_only_in_the_model():
-    """Each comparison of the gap step sets two runs of one seed apart by their model alone."""
+def test_gap_pairs_differ_only_in_the_model_and_compare_over_the_steps_both_runs_reached():
+    """Two runs of one seed differ by their model alone, compared up to the step both reached."""
     runs = ex.gap_runs({"out": Path("out"), **ex.SCALES["gpu"]}, [1337, 1338])
     model_options = {"attn", "scale_offset"}
     for a, b in ex.GAP_COMPARISONS:
@@ -106,10 +106,7 @@ def test_gap_pairs_differ_only_in_the_model():
             given_a, given_b = (runs[arm, seed].given for arm in (a, b))
             differ = {k for k in given_a | given_b if given_a.get(k) != given_b.get(k)}
             assert differ and differ <= model_options, (a, b, differ)
-
-
-def test_gap_compares_each_seed_over_the_steps_both_runs_reached():
-    """A run cut short is compared with its twin's best up to the same step; step 0 never counts."""
+    # A run cut short is compared with its twin's best up to the same step; step 0 never counts.
     rec = lambda step, val: {"step": step, "train_loss": val - 0.1, "val_loss": val}
     evals = {("a", 1337): {0: rec(0, 0.5), 100: rec(100, 2.0), 200: rec(200, 1.5)},
              ("b", 1337): {0: rec(0, 0.5), 100: rec(100, 2.2)},

@@ -36,31 +36,20 @@ def smol():
     return folder, theirs, load_checkpoint(f"hf:{folder}")
 
 
-def real_text(tokenizer, n):
-    """The first n tokens of textwrap.py of this Python's stdlib: real text, on any machine."""
-    ids = tokenizer.encode(Path(sysconfig.get_paths()["stdlib"], "textwrap.py").read_text())
-    assert len(ids) >= n
-    return torch.tensor([ids[:n]])
-
-
-def test_the_folder_holds_smollm2_its_loss_on_pep_20_as_measured(smol):
-    """transformers reading the folder scores PEP 20 at the loss measured once, to 1e-3."""
-    # With Q and K left in llama.cpp's permuted order: 5.04, which comparing two readers of the
-    # same folder cannot see.
+def test_the_folder_holds_smollm2_and_ours_gives_transformers_logits_on_real_text(smol):
+    """transformers reading the folder scores PEP 20 as measured once (to 1e-3); at a window
+    covering 1,000 tokens of this Python's textwrap.py, the converted model gives its logits."""
     folder, theirs_model, ckpt = smol
+    tok = get_tokenizer(ckpt["tokenizer"])
     with contextlib.redirect_stdout(io.StringIO()):  # importing it prints it
         import this
-    zen = "".join(this.d.get(c, c) for c in this.s)  # rot13
-    ids = torch.tensor([get_tokenizer(ckpt["tokenizer"]).encode(zen)])
-    with torch.no_grad():
+    ids = torch.tensor([tok.encode("".join(this.d.get(c, c) for c in this.s))])   # rot13
+    with torch.no_grad():   # Q and K left in llama.cpp's permuted order: 5.04
         loss = F.cross_entropy(theirs_model(ids).logits[0, :-1], ids[0, 1:]).item()
     assert ids.size(1) == 203 and loss == pytest.approx(3.0819, abs=1e-3)
-
-
-def test_logits_equal_transformers_on_real_text(smol):
-    """At a window covering 1,000 tokens, the converted model gives transformers' logits."""
-    folder, theirs_model, ckpt = smol
-    idx = real_text(get_tokenizer(ckpt["tokenizer"]), 1000)
+    idx = torch.tensor([tok.encode(Path(sysconfig.get_paths()["stdlib"], "textwrap.py")
+                                   .read_text())[:1000]])
+    assert idx.size(1) == 1000
     with torch.no_grad():
         theirs = theirs_model(idx).logits[0]
         ours = model_from_checkpoint(ckpt, window=1000).eval()(idx)[0][0]
