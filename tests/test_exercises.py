@@ -101,8 +101,7 @@ def test_a_wrong_answer_fails_naming_the_property_and_the_input(m):
 
 
 def test_every_class_of_wrong_answer_is_tried_in_several_exercises():
-    """Each class the held-out set showed (issue 42) has wrong answers in three exercises at least,
-    and each exercise has five."""
+    """Each class of wrong answer (issue 42) is in 3 exercises at least; each exercise has 5."""
     assert {m.kind for m in MUTANTS} == set(KINDS) and all(m.expect and m.edits for m in MUTANTS)
     assert all(len({m.n for m in MUTANTS if m.kind == kind}) >= 3 for kind in KINDS)
     assert all(sum(m.n == n for m in MUTANTS) >= 5 for n in EXERCISES)

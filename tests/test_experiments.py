@@ -146,8 +146,7 @@ def test_parse_sample_json_reads_the_last_line():
 
 
 def test_launch_skips_finished_runs_and_resumes_partial_ones(tmp_path, monkeypatch, capsys):
-    """The real train.py: a run is trained once; cut back to a step-2 checkpoint it is resumed
-    from there; finished, it is skipped."""
+    """With train.py: a run trains once; cut back to step 2 it resumes there; finished, skipped."""
     monkeypatch.chdir(REPO)
     run = ex.Run(tmp_path / "lm", ["--config", "tiny", "--max_iters", "4", "--eval_interval", "2",
                                    "--eval_iters", "1", "--batch_size", "2", "--device", "cpu"])

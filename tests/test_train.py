@@ -66,8 +66,7 @@ def test_tiny_config_trains_and_the_loss_falls(pretrained):
 
 
 def test_a_stop_request_saves_and_resuming_gives_the_same_losses(tmp_path, monkeypatch, capsys):
-    """SIGTERM, even twice (a supervisor's, then its forwarded copy), stops after the step, saves,
-    prints how to resume; resumed, the same losses."""
+    """SIGTERM, even twice, stops after the step, saves, prints the resume; resumed, same losses."""
     args = ["--max_iters", "8", "--eval_interval", "8", "--dropout", "0.1"]
     run_train(tmp_path / "whole", *args)
     whole, _ = read_log(tmp_path / "whole")
@@ -186,8 +185,7 @@ def test_orthros_recalls_beyond_the_window_and_swa_does_not(recall_runs):
 
 
 def test_a_run_from_a_checkpoint_has_its_shape_and_its_start_is_a_best(pretrained, tmp_path):
-    """From a checkpoint, under a preset of another shape, a run has the checkpoint's shape and
-    saves its start as ckpt_best.pt: never worse than the start."""
+    """From a checkpoint, a run has its shape (not the preset's) and saves its start as a best."""
     train.main(["--config", "small", "--device", "cpu", "--init_from", f"{pretrained}/ckpt_last.pt",
                 "--n_embd", "128", "--seq_len", "64", "--batch_size", "2", "--max_iters", "2",
                 "--lr", "0", "--eval_interval", "1", "--eval_iters", "1", "--out_dir",
@@ -223,8 +221,7 @@ def test_an_out_dir_holding_a_run_is_refused_unless_resumed_or_overwritten(pretr
 
 
 def test_resume_restores_the_runs_options_but_the_given_ones_and_its_command_reads_back(tmp_path):
-    """--init_from resume restores the run's options (hf:DIR lowers lr) but for those given; the
-    printed resume command, quoted for the shell, reads back as the run's options."""
+    """Resumed, the run's options (hf:DIR: a lower lr) but those given; its command reads back."""
     saved = {**vars(train.TrainConfig(**train.CONFIGS["tiny"])), "lr": 1e-4, "max_iters": 200}
     save_checkpoint(tmp_path / "ckpt_last.pt", step=200, config_name="tiny", train_config=saved)
     name, cfg = train.parse_args(["--config", "tiny", "--init_from", "resume", "--out_dir",
@@ -330,8 +327,7 @@ def interrupted(args, started):
 
 
 def test_ctrl_c_in_a_real_process_saves_and_prints_how_to_resume(tmp_path):
-    """train.py under a real SIGINT exits with 130, no traceback, saved, saying how to resume;
-    into a pipe (a file, as on a cluster) it prints a line per log_interval, and no bar."""
+    """A real SIGINT: 130, saved, how to resume; into a pipe, a line per log_interval and no bar."""
     code, out, err = interrupted(["train.py", *TINY, "--out_dir", str(tmp_path), "--max_iters",
                                   "100000", "--eval_interval", "100000", "--log_interval", "2"],
                                  "step 4:")
