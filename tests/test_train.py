@@ -406,7 +406,7 @@ def test_max_iters_zero_saves_the_initial_model(tmp_path):
 
 
 # -----------------------------------------------------------------------------
-# SFT: the T_in / T_out split, the shipped example, buckets, truncation
+# SFT: a right-padded batch
 
 def test_padding_never_leaks_into_an_example():
     """An example's logits in a right-padded batch equal its logits alone."""
