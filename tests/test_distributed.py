@@ -1,10 +1,4 @@
-"""
-train.py under torchrun on CPU (gloo): DistributedDataParallel, and FSDP2 (--fsdp true), against
-one process on the same global batch of SFT examples of many lengths, and gradient accumulation;
-a stop request, and a process that dies.
-
-    python -m pytest -q tests/test_distributed.py
-"""
+"""train.py under torchrun on CPU (gloo): DDP and FSDP2 against one process; stops, deaths."""
 
 import json
 import os
@@ -41,9 +35,8 @@ def losses(out_dir):
 
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory):
-    """An SFT dataset whose responses run from 1 to 40 characters, so that the halves of a batch
-    (and its micro-batches) hold different numbers of targets; and the losses of 4 steps on it in
-    one process, batch 8."""
+    """SFT data whose responses run from 1 to 40 characters (a batch's halves hold different
+    numbers of targets), and the losses of 4 steps on it in one process, batch 8."""
     data, rng = tmp_path_factory.mktemp("sft_data"), random.Random(0)
     for split, n in (("train", 64), ("val", 16)):
         examples = [{"prompt": f"say {i}:", "response": "ab"[i % 2] * rng.randint(1, 40)}
@@ -84,8 +77,7 @@ def test_sft_with_gradient_accumulation_gives_one_big_batch_losses(tmp_path, sft
 
 
 def started(out_dir, log_interval, *args):
-    """A long run of 2 processes, once its output shows step 2 * log_interval: (torchrun's Popen,
-    rank 1's pid)."""
+    """A long run of 2 processes, at step 2 * log_interval: (torchrun's Popen, rank 1's pid)."""
     proc = subprocess.Popen([*TORCHRUN, *args, "--max_iters", "100000", "--eval_interval", "100000",
                              "--log_interval", str(log_interval), "--out_dir", str(out_dir)],
                             cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -1,17 +1,15 @@
 """
-The fast decoder (perf/engine.py) is the naive KV-cache decoder (Orthros.prefill/decode) with
-another cache and one attention call per layer: the same tokens and the same logits. CPU tests
-in float32, tiny shapes: Orthros's decoders run eagerly (SDPA); the baselines' are compiled with
-a backend that counts graphs and runs them eagerly (FlexAttention's reference path). The tests
-marked `cuda` replay the CUDA graph in bf16, on a trained checkpoint and at the bench's 128K keys.
-
-Run: python -m pytest -q tests/test_engine.py
+The fast decoder (perf/engine.py) gives the naive KV-cache decoder's tokens and logits: on CPU in
+float32 (the baselines compiled by a backend that counts graphs and runs them eagerly), and, marked
+`cuda`, as a CUDA graph in bf16. Then perf/'s FLOP count and the bench.
 """
+
+import json
+import weakref
 
 import pytest
 import torch
 
-import orthros
 import test_orthros
 from orthros import ATTN_TYPES, in_window
 from perf import engine
@@ -66,10 +64,8 @@ def teacher_forced(model, fast, idx, steps, graphs):
 
 @pytest.fixture(scope="module")
 def runs():
-    """Every case of CASES decoded over SEGMENTS by the naive and the fast decoder, batch 2:
-    {case: [(tokens, naive logits, fast logits, graphs compiled per step) per segment]}, and
-    "decoders": {case: its FastDecoder}, "generated": {case: (its tokens, the model's)} of
-    generate_tokens, where the step picks each token itself, across the window and a block."""
+    """{case: [teacher_forced(...) per segment of SEGMENTS]}, "decoders": {case: FastDecoder},
+    "generated": {case: (its generate_tokens', the model's)}, across the window and a block."""
     counted, out, gen = [], {"decoders": {}, "generated": {}}, torch.Generator().manual_seed(1)
     backend = lambda gm, example_inputs: counted.append(gm) or gm.forward
     for case, (attn, conv_kernel, options) in CASES.items():
@@ -145,7 +141,6 @@ def test_block_table_lists_exactly_the_blocks_in_the_window():
 
 def test_a_dropped_decoder_frees_its_cache_at_once():
     """Nothing holds an eager decoder in a reference cycle: dropped, it frees its cache at once."""
-    import weakref
     fast = FastDecoder(make_model(), BATCH, 64)
     list(fast.generate_tokens(torch.zeros(BATCH, 5, dtype=torch.long), 3, temperature=0))
     cache = weakref.ref(fast.cache.k[0])
@@ -323,7 +318,6 @@ def test_forward_flops_counts_every_matmul_with_any_head_width():
 
 def test_bench_tiny_cpu_smoke_runs_every_section(tmp_path):
     """perf/bench.py --tiny on the CPU records every section, with its metadata."""
-    import json
     from perf import bench
     out = tmp_path / "bench.json"
     bench.main(f"--tiny --device cpu --dtype float32 --models orthros --n_embd 16 --window 8 "

