@@ -6,6 +6,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 
@@ -53,3 +55,21 @@ def test_run_metadata_names_the_commit_and_whether_the_tree_was_clean(tmp_path, 
     monkeypatch.setenv("ORTHROS_GIT_COMMIT", "abc1234")
     monkeypatch.setenv("ORTHROS_GIT_CLEAN", "1")
     assert checkpoint.git_state() == ("abc1234", True)
+
+
+def anchors(markdown):
+    """The anchors GitHub gives a page's headings."""
+    headings = re.findall(r"^#+ (.*)$", markdown, re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize("page", ["README.md", "results/README.md", "exercises/README.md"])
+def test_links_lead_somewhere(page):
+    """Every relative link of a user-facing page names a file that exists, and a heading it has."""
+    for target in re.findall(r"\]\(([^)\s]+)\)", (REPO / page).read_text()):
+        if target.startswith(("http://", "https://", "#")):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (REPO / page).parent / path
+        assert file.exists(), f"{page} links {target}: no such file"
+        assert not anchor or anchor in anchors(file.read_text()), f"{page} links {target}"

@@ -7,7 +7,9 @@ import contextlib
 import io
 import json
 import os
+import stat
 import sysconfig
+import types
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: the only download is pip's
@@ -15,14 +17,17 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import pytest
 import torch
+import transformers
 from torch.nn import functional as F
-from transformers import AutoTokenizer, LlamaForCausalLM
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 import sample
 from checkpoint import load_checkpoint, model_from_checkpoint
+from convert import from_gguf
 from convert.from_gguf import smollm2
 from data.prepare_utils import write_dataset
 from data.tokenizer import get_tokenizer
+from repro import smollm2 as repro_smollm2
 from repro.smollm2 import val_documents
 
 TOL = 1e-5  # of the largest logit, as the README states (sums in another order: 2e-6 measured)
@@ -93,3 +98,41 @@ def test_the_curves_held_out_documents_are_whole_documents_of_at_least_t_tokens(
     assert [bytes(row).decode() for row in rows] == ["b" * 40, "d" * 40]
     with pytest.raises(ValueError, match="has 2 documents of >= 40 tokens; lower --docs"):
         val_documents(tmp_path, 3, 40)
+
+
+def test_from_gguf_writes_a_folder_of_the_umasks_modes(tmp_path, monkeypatch):
+    """gguf_to_hf's folder and files get the umask's modes (755, 644 under 022), not mkdtemp's."""
+    def read_gguf(**source):  # what transformers reads from a GGUF file: it names its quantization
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8,
+                                             num_hidden_layers=1, num_attention_heads=2))
+        model.config.quantization_config = {}
+        return model
+    write = lambda folder: (Path(folder) / "tokenizer.json").write_text("{}")
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", read_gguf)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda **source: types.SimpleNamespace(save_pretrained=write))
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    umask = os.umask(0o022)
+    try:
+        out = from_gguf.gguf_to_hf(tmp_path / "m.gguf", tmp_path / "models" / "m")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == dict.fromkeys(
+        ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"), 0o644)
+
+
+def test_eval_rerun_writes_out_not_the_committed_results(tmp_path, monkeypatch):
+    """repro/smollm2.py eval writes out/ (or --out), leaving results/ as committed."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "smollm2_eval_cpu.json").write_text("committed")
+    monkeypatch.setattr(repro_smollm2, "REPO", tmp_path)
+    monkeypatch.setattr(repro_smollm2, "get_tokenizer", lambda name: None)
+    monkeypatch.setattr(repro_smollm2, "evaluate", lambda ms, *a: {"models": [m[0] for m in ms]})
+    monkeypatch.setattr(repro_smollm2, "Model", lambda *args: args)
+    repro_smollm2.main(["eval", "--device", "cpu"])
+    assert (tmp_path / "results" / "smollm2_eval_cpu.json").read_text() == "committed"
+    written = json.loads((tmp_path / "out" / "smollm2_eval_cpu.json").read_text())
+    assert written["models"] == ["original", "orthros", "swa"]
+    repro_smollm2.main(["eval", "--device", "cpu", "--out", str(tmp_path / "mine.json")])
+    assert (tmp_path / "mine.json").is_file()

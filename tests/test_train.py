@@ -535,3 +535,19 @@ def test_sample_ctrl_c_prints_one_line(pretrained):
                                 f"{pretrained}/ckpt_last.pt", "--prompt", "x", "--max_new_tokens",
                                 "100000", "--no_stop"], "loaded")   # the load line: generating now
     assert code != 0 and err.strip() == "interrupted", err
+
+
+def test_sample_on_a_cpu_leaves_busy_cores_alone(pretrained, monkeypatch, capsys):
+    """On a CPU, sample.py runs a thread per core the load leaves free, or OMP_NUM_THREADS."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    default, ran = torch.get_num_threads(), []
+    for load, omp in ((2.3, None), (0.2, None), (2.3, "2")):
+        torch.set_num_threads(default)
+        monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+        if omp:
+            monkeypatch.setenv("OMP_NUM_THREADS", omp)
+        sample.main(["--ckpt", str(pretrained / "ckpt_last.pt"), "--max_new_tokens", "2",
+                     "--device", "cpu"])
+        ran.append(torch.get_num_threads())
+    assert ran == [1, min(default, 2), default]
