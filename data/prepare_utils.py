@@ -1,17 +1,13 @@
-"""Pre-training data: each data/<name>/prepare.py writes train.bin, val.bin and meta.json with
-write_dataset, and train.py reads random windows of them (PretrainBatches).
+"""Pre-training data, nanoGPT's format: each data/<name>/prepare.py writes train.bin and val.bin
+(flat token ids, uint16, or uint32 above 65,536 ids) and meta.json (how they were made) with
+write_dataset; train.py reads random windows of them through np.memmap (PretrainBatches)."""
 
-The format is nanoGPT's: a split is one flat array of token ids, raw uint16 (uint32 above 65,536
-ids: Llama 3 has 128,256), read with np.memmap without loading it. meta.json records how the bins
-were made (tokenizer, vocab size, dtype, token and document counts).
-
-    data_dir = find_dataset("stdlib")   # runs data/stdlib/prepare.py once, if its bins are missing
-    meta = load_meta(data_dir)          # {"tokenizer": "byte", "vocab_size": 257, ...}
-"""
-
+import argparse
 import importlib
+import inspect
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +18,7 @@ DATA_ROOT = Path(__file__).resolve().parent
 
 
 def atomic_write(path, write, mode="wb"):
-    """write(f) to a file beside path, on disk, then renamed over path: readers see the old file or
-    the new one, never half of one, even if the process dies mid-write."""
+    """write(f) to a file beside path, then renamed over it: readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -39,8 +34,7 @@ def write_json_atomic(path, obj):
 
 
 def write_dataset(out_dir, tokenizer, train_docs, val_docs, source, append_eot=True, **extra_meta):
-    """Tokenize both splits (each document followed by eot) into out_dir/{train,val}.bin and
-    meta.json; return the meta dict."""
+    """Both splits' documents, each followed by eot, into out_dir/{train,val}.bin; meta.json."""
     dtype = "uint16" if tokenizer.vocab_size <= 2**16 else "uint32"  # half of int32's bytes
     meta = {"tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size, "eot": tokenizer.eot,
             "dtype": dtype, "source": source}
@@ -54,6 +48,21 @@ def write_dataset(out_dir, tokenizer, train_docs, val_docs, source, append_eot=T
     write_json_atomic(Path(out_dir) / "meta.json", meta)  # last: if there, the bins are whole
     print(f"wrote {out_dir}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens")
     return meta
+
+
+def prepare_main(prepare, doc, **types):
+    """A prepare.py's command line: --KEY for each of prepare's keywords (typed as its default, or
+    as types says); a bad input or no network ends it in one line."""
+    parser = argparse.ArgumentParser(description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    for key, p in inspect.signature(prepare).parameters.items():
+        kind = types.get(key, str if p.default is None else type(p.default))
+        parser.add_argument(f"--{key}", type=kind, default=p.default,
+                            help=None if p.default is None else f"default {p.default}")
+    try:
+        prepare(**vars(parser.parse_args()))
+    except (ValueError, OSError, RuntimeError) as e:
+        sys.exit(f"error: {e}")
 
 
 def load_meta(data_dir):
@@ -80,8 +89,7 @@ def ensure_prepared(name):
 
 
 def find_dataset(name_or_path, prepare=True):
-    """--dataset's folder: a path as given, or data/<name>/ (prepared on first use unless
-    prepare=False). A one-line ValueError for anything else."""
+    """--dataset's folder: a path as given, or data/<name>/ (prepared on first use)."""
     given = Path(name_or_path).expanduser()
     if os.sep in name_or_path or name_or_path.startswith((".", "~")) or given.is_dir():
         if not given.is_dir():
@@ -97,9 +105,8 @@ def find_dataset(name_or_path, prepare=True):
 
 
 class PretrainBatches:
-    """x, y (B, T) windows of a folder's train.bin / val.bin, y = x shifted by one: random
-    (nanoGPT's), or with order="epoch" disjoint windows, each drawn once per epoch in an order
-    seeded by seed and the epoch."""
+    """x, y (B, T) windows of train.bin / val.bin, y = x shifted by one: random (nanoGPT's), or
+    with order="epoch" disjoint windows, each once per epoch in an order seeded by seed + epoch."""
 
     def __init__(self, data_dir, seq_len, device="cpu", order="random", seed=0):
         self.paths = {split: Path(data_dir) / f"{split}.bin" for split in ("train", "val")}
@@ -118,9 +125,8 @@ class PretrainBatches:
                                  "lower --seq_len or prepare more data")
 
     def get(self, split, batch_size, generator, first=None):
-        """(x, y, t_out = T): every position is an output position. With order "epoch", first
-        gives windows first, first + 1, ... of the run's order, which depends on nothing else: a
-        resumed run, another micro-step split or another model gets the same windows."""
+        """(x, y, t_out = T). With order "epoch", windows first, first + 1, ... of the run's order:
+        a resumed run, another micro-step split or another model gets the same windows."""
         data = np.memmap(self.paths[split], dtype=self.dtype, mode="r")  # anew, as nanoGPT
         T = self.seq_len
         if self.order == "epoch" and first is not None:
@@ -141,8 +147,7 @@ class PretrainBatches:
 
 
 def to_device(batch, device):
-    """A CPU batch onto device; on CUDA from pinned memory, non_blocking: the copy queues behind the
-    step's work and train.py draws the next batch meanwhile (from pageable memory it would wait)."""
+    """A CPU batch onto device; on CUDA pinned, non_blocking: train.py draws the next meanwhile."""
     if torch.device(device).type != "cuda":
         return batch.to(device)
     return batch.pin_memory().to(device, non_blocking=True)

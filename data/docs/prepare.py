@@ -11,7 +11,6 @@ even in part), each in the order of that hash. Each package's licence is beside 
 "Files: *" stanza of its /usr/share/doc/<package>/copyright).
 """
 
-import argparse
 import fnmatch
 import gzip
 import hashlib
@@ -19,12 +18,11 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a script: make `import data` work from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from data.prepare_utils import write_dataset
+from data.prepare_utils import prepare_main, write_dataset
 from data.tokenizer import get_tokenizer
 
 SPHINX = ("*/_sources/*.txt",)  # the reST that Sphinx keeps beside the HTML it built
@@ -82,8 +80,9 @@ def hashed(name):
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") / 2**64
 
 
-def prepare(out_dir=None, tokenizer="byte", val_fraction=0.03, packages=tuple(PACKAGES)):
-    """Fetch the packages, split their files by the hash of package/path, tokenize both splits."""
+def prepare(out_dir=None, tokenizer="byte", val_fraction=0.03, packages=None):
+    """Fetch the packages (default: all), split their files by the hash of package/path."""
+    packages = packages or tuple(PACKAGES)
     if set(packages) - PACKAGES.keys():
         raise ValueError(f"unknown packages {sorted(set(packages) - PACKAGES.keys())}: "
                          f"choose from {list(PACKAGES)}")
@@ -111,17 +110,4 @@ def prepare(out_dir=None, tokenizer="byte", val_fraction=0.03, packages=tuple(PA
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out_dir", help="where to write the bins (default: data/docs/)")
-    parser.add_argument("--tokenizer", default="byte", help="byte (default), gpt2, or hf:DIR")
-    parser.add_argument("--val_fraction", type=float, default=0.03)
-    parser.add_argument("--packages", help="comma-separated: only these of PACKAGES (less text)")
-    args = parser.parse_args()
-    t0 = time.time()
-    try:
-        meta = prepare(args.out_dir, args.tokenizer, args.val_fraction,
-                       args.packages.split(",") if args.packages else tuple(PACKAGES))
-    except (ValueError, FileNotFoundError, RuntimeError) as e:  # one line: what failed, what to do
-        sys.exit(f"error: {e}")
-    print(f"{meta['train_docs']} train, {meta['val_docs']} val documents, {time.time() - t0:.0f} s")
+    prepare_main(prepare, __doc__, packages=lambda names: names.split(","))

@@ -5,16 +5,12 @@
     python data/recall/prepare.py --preset micro   # window 16, seconds on a CPU: data/recall_micro/
     python data/recall/prepare.py --context_len 4000 --test_edges 0,128,256,512,1024,2048,3968
 
-An example, as SFT turns (byte tokenizer): "4.7;Qk,9:3.;8Hb!;...;;?Q" -> "k", "?H" -> "b", ...
-Keys are capital letters, values lower-case, the filler digits and punctuation: the only way to
-answer "?Q" is to copy the letter after "Q" in the context. A query's distance is the position of
-its key minus that of the key in the context. Training examples scatter the pairs over the context
-and query them all; a test example has one query, at a distance inside one of the buckets
---test_edges (by default: inside the window w, then w-2w, ..., 8w-16w, as far as the context
-reaches). Scattering almost never puts a pair flush against the query ("...Kv?K", distance 3: the
-needle at depth 1 of repro/experiments.py's needle in a haystack), so a share --last_pair_frac of
-the training examples has that layout, drawn from a second random stream: every other example is
-as with --last_pair_frac 0. Everything is deterministic given --seed.
+An example, as SFT turns (byte tokenizer): "4.7;Qk,9:3.;8Hb!;...;;?Q" -> "k", "?H" -> "b", ...:
+to answer "?Q", copy the letter after "Q" in the filler. A query's distance: its key's position
+minus the context key's. A test example has one query, at a distance in a bucket of --test_edges
+(default: 1-w, w-2w, ..., 8w-16w). A share --last_pair_frac of the training examples (from a
+second random stream) ask first for a pair flush against the query ("...Kv?K", distance 3: the
+needle at depth 1), which scattering almost never places. Deterministic given --seed.
 """
 
 import argparse
@@ -89,9 +85,8 @@ def make_example(rng, context_len, n_pairs, n_queries, n_keys, n_values, first_d
 
 
 def prepare(preset="default", out_dir=None, seed=1337, **overrides):
-    """Write train.jsonl, train_short.jsonl (short, near-only: the warm-up), val.jsonl, test.jsonl
-    and meta.json to out_dir (default: data/recall/, or data/recall_<preset>/: the dataset of the
-    config of that name)."""
+    """train.jsonl, train_short.jsonl (the warm-up), val.jsonl, test.jsonl, meta.json into out_dir
+    (default: data/recall/, or data/recall_<preset>/ for the config of that name)."""
     p = {**PRESETS[preset], **overrides}
     if not 0 <= p["last_pair_frac"] <= 1:
         raise ValueError(f"last_pair_frac must be in [0, 1], got {p['last_pair_frac']}")
@@ -101,12 +96,10 @@ def prepare(preset="default", out_dir=None, seed=1337, **overrides):
     shape = dict(n_pairs=p["n_pairs"], n_keys=p["n_keys"], n_values=p["n_values"])
     rng, last_rng = random.Random(seed), random.Random(f"recall-last-pair-{seed}")
     last = set(last_rng.sample(range(p["n_train"]), round(p["last_pair_frac"] * p["n_train"])))
-    train = []
-    for i in range(p["n_train"]):  # rng draws every example: the others stay as at share 0
-        train.append(make_example(rng, L, n_queries=p["n_queries"], **shape))
-        if i in last:
-            train[-1] = make_example(last_rng, L, n_queries=p["n_queries"],
-                                     first_distance=LAST_PAIR_DISTANCE, **shape)
+    # rng draws every example (the others stay as at share 0); last_rng replaces the share
+    drawn = [make_example(rng, L, n_queries=p["n_queries"], **shape) for _ in range(p["n_train"])]
+    train = [make_example(last_rng, L, n_queries=p["n_queries"], first_distance=LAST_PAIR_DISTANCE,
+                          **shape) if i in last else ex for i, ex in enumerate(drawn)]
     splits = {"train": train, "train_short": [
         make_example(rng, p["short_context_len"], **shape, n_queries=p["n_short_queries"])
         for _ in range(p["n_short"])],

@@ -4,22 +4,19 @@
     python data/stdlib/prepare.py --max_files 50   # a quick small version
     python data/stdlib/prepare.py --src_dir DIR --tokenizer hf:CKPT --out_dir data/code   # for CPT
 
-Every .py file under sysconfig's stdlib folder but tests (they would more than double the corpus
-with code that exercises the library rather than implements it), installed packages and generated
-data (EXCLUDED_DIRS), each one document followed by the end token. Train and val are split by
-file, not by position: no val file has been seen in training, even in part.
+Every .py file under sysconfig's stdlib folder but tests (twice the library's size), installed
+packages and generated data (EXCLUDED_DIRS), one document each, split into train and val by file:
+no val file is seen in training, even in part.
 """
 
-import argparse
 import hashlib
 import sys
 import sysconfig
-import time
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a script: make `import data` work from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from data.prepare_utils import write_dataset
+from data.prepare_utils import prepare_main, write_dataset
 from data.tokenizer import get_tokenizer
 
 # pydoc_data: 0.8 MB of help text in one file, which would be most of val; encodings: codec tables
@@ -65,18 +62,4 @@ def prepare(src_dir=None, out_dir=None, max_files=None, val_fraction=0.1, tokeni
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--src_dir", help="folder of .py files (default: the standard library)")
-    parser.add_argument("--out_dir", help="where to write the bins (default: data/stdlib/)")
-    parser.add_argument("--max_files", type=int, help="only N files, the first of each split")
-    parser.add_argument("--val_fraction", type=float, default=0.1)
-    parser.add_argument("--tokenizer", default="byte", help="byte (default), gpt2, or hf:DIR")
-    args = parser.parse_args()
-    t0 = time.time()
-    try:
-        meta = prepare(args.src_dir, args.out_dir, args.max_files, args.val_fraction,
-                       args.tokenizer)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:  # a bad --tokenizer or --src_dir
-        sys.exit(f"error: {e}")
-    print(f"{meta['train_docs']} train, {meta['val_docs']} val files, {time.time() - t0:.1f} s")
+    prepare_main(prepare, __doc__, max_files=int)
