@@ -10,12 +10,10 @@ The paper's claims at classroom scale, through train.py and sample.py as a user 
     python repro/experiments.py recall niah --scale cpu     # recall_tiny (window 32): CPU minutes
     python repro/experiments.py all --scale tiny --seeds 2  # every step, tiny: a smoke test
 
-A step trains what it needs (--parallel at once; default: all on a GPU, one by one on CPU) into
-out/exp-<scale>/ and writes results/<step>.json (<step>_<scale>.json below the GPU scale) with
-the commands, device, torch version, date and commit. --seeds N: seeds 1337 ... 1336 + N for lm
-and conversion, mean and sample std; the other steps use the first seed. The same command again
-continues: finished runs are skipped, others resumed or restarted. --time_limit S (or SIGTERM)
-stops the trainings, which save their checkpoints.
+A step trains what it needs into out/exp-<scale>/ and writes results/<step>.json (<step>_<scale>
+below the GPU scale) with its commands, device and commit. --seeds N: 1337 ... 1336 + N for lm and
+conversion (the others take the first). The same command again skips finished runs and resumes
+the others; --time_limit S (or SIGTERM) stops the trainings, which save their checkpoints.
 """
 
 import argparse
@@ -96,9 +94,8 @@ class Run:
 
 
 def run_state(run):
-    """'done', 'resume' (a checkpoint short of the last step, or the exact match missing),
-    'overwrite' (files but no checkpoint: it died before its first save) or 'fresh'. A folder of
-    a run with other arguments is an error: nothing overwrites another run."""
+    """'done', 'resume', 'overwrite' (it died before its first save) or 'fresh'; a folder of a run
+    with other arguments is an error: nothing overwrites another run."""
     results_written = not run.exact_match or (run.out_dir / "exact_match.json").exists()
     if (run.out_dir / "ckpt_last.pt").exists():
         ckpt = load_checkpoint(run.out_dir / "ckpt_last.pt")
@@ -121,9 +118,8 @@ class Stop(Exception):
 
 
 def run_all(jobs, parallel, deadline, keep_going=False, tick=None):
-    """Run the (command, log path) jobs, `parallel` at a time. On a failure (unless keep_going),
-    SIGTERM or the deadline, the running trainings get SIGTERM (train.py saves ckpt_last.pt) and
-    this process exits: the same command continues them. tick() is called twice a second."""
+    """The (command, log path) jobs, `parallel` at a time; a failure (unless keep_going), SIGTERM or
+    the deadline passes SIGTERM on (train.py saves ckpt_last.pt) and exits. tick(): every 0.5 s."""
     pending, running = list(jobs), []
     threads = (os.cpu_count() or 1) // max(1, min(parallel, len(jobs)))
     env = {"OMP_NUM_THREADS": str(max(1, threads)), **os.environ}
@@ -191,8 +187,7 @@ def launch(runs, S, **run_all_options):
 
 
 def read_evals(out_dir):
-    """{step: evaluation record} of log.jsonl: the later of a step logged twice (resumed), without
-    a line cut short by a kill."""
+    """{step: evaluation record} of log.jsonl: a resumed step's later one, no line cut by a kill."""
     evals = {}
     for line in open(Path(out_dir) / "log.jsonl"):
         try:
@@ -220,9 +215,8 @@ def stats(values):
 
 
 def compare(a, b, a_stats, b_stats, metric):
-    """Is a - b larger than the seeds' spread? The difference of the means against std_a + std_b,
-    and the per-seed differences (seed i of a against seed i of b: the same training and
-    evaluation batches, and in conversion the same base model)."""
+    """Is a - b larger than the seeds' spread (std_a + std_b)? And seed by seed (the same batches,
+    and in conversion the same base)?"""
     diff = a_stats["mean"] - b_stats["mean"]
     per_seed = [x - y for x, y in zip(a_stats["values"], b_stats["values"])]
     one_seed = a_stats["std"] is None or b_stats["std"] is None
@@ -244,7 +238,7 @@ def lm_runs(S, seeds, names=tuple(LM_MODELS)):
 
 
 def recall_runs(S, names=RECALL_MODELS):
-    """The recall models, first seed only (the recall and niah steps, the recall conversion)."""
+    """The recall models, first seed only."""
     seed = seed_list(S)[0]
     ensure_prepared(S["recall_data"])  # once, before the concurrent runs would each try
     return {attn: Run(S["out"] / f"recall-{attn}-seed{seed}",
@@ -253,7 +247,7 @@ def recall_runs(S, names=RECALL_MODELS):
 
 
 def save(name, obj, S, runs=()):
-    """results/<name>.json at the GPU scale, results/<name>_<scale>.json below it, atomically."""
+    """results/<name>.json at the GPU scale, results/<name>_<scale>.json below it."""
     path = RESULTS / (f"{name}.json" if S["name"] == "gpu" else f"{name}_{S['name']}.json")
     obj = {"meta": {**run_meta(pick_device()), "commands": [shlex.join(r.cmd) for r in runs]},
            **obj}
@@ -314,8 +308,7 @@ def niah_examples(context_lens, depths, n_per_cell, task_params, tokenizer):
 
 
 def niah_accuracy(ckpt, examples, max_len, device):
-    """Exact match per bucket, greedy through the KV cache (bf16 autocast on CUDA, as train.py's).
-    The blocked window is exact and compiles nothing for each new length (flex would)."""
+    """Exact match per bucket, greedy (bf16 on CUDA); blocked: flex would compile every length."""
     model = model_from_checkpoint(ckpt, max_seq_len=max_len, swa_impl="blocked").to(device).eval()
 
     @torch.no_grad()
@@ -355,8 +348,7 @@ def step_niah(S, depths=NIAH_DEPTHS):
 
 
 def conversion_runs(S, task, base, seed):
-    """Table 2's rows from a base Transformer: (a) converted, M more steps; (b) Base CPT, M more
-    steps; (c) converted, no training."""
+    """Table 2's rows: (a) converted, M more steps; (b) Base CPT, M more; (c) converted, no more."""
     n_steps = load_checkpoint(base.out_dir / "ckpt_last.pt")["step"]
     m_steps = max(1, int(n_steps * S["cont_frac"]))
     args = [*S[task].split(), "--init_from", str(base.out_dir / "ckpt_last.pt"),
@@ -370,8 +362,7 @@ def conversion_runs(S, task, base, seed):
 
 
 def step_conversion(S):
-    """Table 2 at toy scale. The bases: the lm Transformers after N steps (one per seed) and the
-    recall Transformer (first seed); from each, rows (a), (b), (c) with M = N/4 more steps."""
+    """Table 2 from the lm Transformers (one a seed) and the recall one; M = N/4 more steps."""
     seeds = seed_list(S)
     ensure_prepared("stdlib")
     bases = {("lm", seed): run for (_, seed), run in lm_runs(S, seeds, ["transformer"]).items()}
@@ -403,7 +394,7 @@ def step_conversion(S):
 
 
 def parse_sample_json(stdout):
-    """The measurements of `sample.py --json`: one JSON object, the last line of its stdout."""
+    """`sample.py --json`'s measurements: the last line of its stdout."""
     lines = stdout.strip().splitlines()
     try:
         return json.loads(lines[-1])
@@ -413,8 +404,7 @@ def parse_sample_json(stdout):
 
 
 def step_inference(S):
-    """sample.py's time to first token and decode speed on the LM models (first seed), naive
-    decoder and, on CUDA, the fast one."""
+    """sample.py's time to first token and decode speed on the lm models (first seed)."""
     runs = lm_runs(S, seed_list(S)[:1])
     launch(runs.values(), S)
     decoders = ["naive", "fast"] if pick_device() == "cuda" else ["naive"]
@@ -479,8 +469,7 @@ def gap_summary(evals, max_iters):
 
 
 def gap_compare(evals, a, b, seeds):
-    """a - b in best val loss, seed by seed, each over the steps both runs reached (a run cut short
-    by the time limit still pairs with its twin); the mean and std of the differences."""
+    """a - b in best val loss seed by seed, over the steps both reached; their mean and std."""
     per_seed = {}
     for seed in seeds:
         ea, eb = evals.get((a, seed), {}), evals.get((b, seed), {})
@@ -493,9 +482,7 @@ def gap_compare(evals, a, b, seeds):
 
 
 def step_gap(S):
-    """The Transformer and Orthros in the regimes of GAP_GROUPS, all at once, --seeds seeds.
-    Writes results/gap.json every 30 s while they train and at the end, also when --time_limit or
-    a failed run stops them: what the runs have logged is never lost."""
+    """GAP_GROUPS' runs, all at once; results/gap.json every 30 s and however it ends."""
     seeds = seed_list(S)
     for name in ("shakespeare_char", S["gap_src"]):
         if os.sep not in name:
@@ -537,7 +524,7 @@ def seeds_label(n):
 
 
 def plot_means(ax, labels, summaries, colors, floor):
-    """Bars of the means with the stds (none for one seed); the y axis from floor x the least."""
+    """Bars of the means with the stds; the y axis from floor x the least."""
     means = [s["mean"] for s in summaries]
     ax.bar(labels, means, yerr=[s["std"] or 0.0 for s in summaries], capsize=4, color=colors)
     ax.set_ylim(min(means) * floor, None)
@@ -561,7 +548,6 @@ def plot_lm(plt, lm):
 
 
 def plot_accuracy(ax, name, accuracy, rotation=30):
-    """Exact match by bucket, one line: {bucket: {"accuracy": ...}}."""
     ax.plot(range(len(accuracy)), [a["accuracy"] for a in accuracy.values()], marker="o",
             label=name)
     ax.set_xticks(range(len(accuracy)), list(accuracy), rotation=rotation)
