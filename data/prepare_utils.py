@@ -51,16 +51,18 @@ def write_dataset(out_dir, tokenizer, train_docs, val_docs, source, append_eot=T
 
 
 def prepare_main(prepare, doc, **types):
-    """A prepare.py's command line: --KEY for each of prepare's keywords (typed as its default, or
-    as types says); a bad input or no network ends it in one line."""
+    """A prepare.py's command line: --KEY for each of prepare's keywords, typed as its default, and
+    for each of types (by default None); a bad input or no network ends it in one line."""
     parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    for key, p in inspect.signature(prepare).parameters.items():
-        kind = types.get(key, str if p.default is None else type(p.default))
-        parser.add_argument(f"--{key}", type=kind, default=p.default,
-                            help=None if p.default is None else f"default {p.default}")
+    keys = {k: p.default for k, p in inspect.signature(prepare).parameters.items()
+            if p.default is not p.empty}
+    for key, default in {**keys, **dict.fromkeys(k for k in types if k not in keys)}.items():
+        kind = types.get(key, str if default is None else type(default))
+        parser.add_argument(f"--{key}", type=kind, default=default,
+                            help=None if default is None else f"default {default}")
     try:
-        prepare(**vars(parser.parse_args()))
+        prepare(**{k: v for k, v in vars(parser.parse_args()).items() if v is not None})
     except (ValueError, OSError, RuntimeError) as e:
         sys.exit(f"error: {e}")
 
@@ -76,15 +78,18 @@ def available_datasets():
                   + [f"recall_{preset}" for preset in PRESETS if preset != "default"])
 
 
-def ensure_prepared(name):
+def ensure_prepared(name, prepare=True):
     """data/<name>/, after running its prepare.py's prepare() if its meta.json is missing."""
     if name not in available_datasets():
-        raise ValueError(f"unknown dataset {name!r}; choose one of {available_datasets()} "
-                         "(each is a folder data/<name>/ with a prepare.py)")
-    if not (DATA_ROOT / name / "meta.json").exists():  # every prepare() writes meta.json last
+        raise ValueError(f"unknown dataset {name!r}: give a folder path, or one of "
+                         f"{available_datasets()} (each a folder data/<name>/ with a prepare.py)")
+    if prepare and not (DATA_ROOT / name / "meta.json").exists():  # prepare() writes it last
         module, preset = ("recall", [name[7:]]) if name.startswith("recall_") else (name, [])
         print(f"{DATA_ROOT / name} is not prepared yet; running data/{module}/prepare.py")
-        importlib.import_module(f"data.{module}.prepare").prepare(*preset)
+        try:
+            importlib.import_module(f"data.{module}.prepare").prepare(*preset)
+        except (ValueError, OSError, RuntimeError) as e:  # no source file, no network
+            raise ValueError(f"preparing dataset {name!r} failed: {e}") from None
     return DATA_ROOT / name
 
 
@@ -95,13 +100,7 @@ def find_dataset(name_or_path, prepare=True):
         if not given.is_dir():
             raise ValueError(f"--dataset {name_or_path}: no such folder")
         return given
-    if name_or_path not in available_datasets():
-        raise ValueError(f"unknown dataset {name_or_path!r}: give a folder path, or one of "
-                         f"{available_datasets()} (each a folder data/<name>/ with a prepare.py)")
-    try:
-        return ensure_prepared(name_or_path) if prepare else DATA_ROOT / name_or_path
-    except (ValueError, OSError, RuntimeError) as e:  # no source file, no network
-        raise ValueError(f"preparing dataset {name_or_path!r} failed: {e}") from None
+    return ensure_prepared(name_or_path, prepare)
 
 
 class PretrainBatches:

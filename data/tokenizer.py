@@ -22,12 +22,9 @@ from data.prepare_utils import atomic_write
 GPT2_BPE_FILE = Path(__file__).resolve().parent / "gpt2.tiktoken"
 GPT2_BPE_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 WHISPER = "openai-whisper==20250625"  # pinned: every release carries the same file
-GPT2_BPE_HOWTO = (
-    "Offline, fetch it on a machine that reaches PyPI with\n"
-    f"    pip download --no-deps --no-binary :all: {WHISPER} -d /tmp/whisper\n"
-    "    tar -xzf /tmp/whisper/openai_whisper-20250625.tar.gz -C /tmp/whisper\n"
-    "and copy .../whisper/assets/gpt2.tiktoken to data/gpt2.tiktoken (or point "
-    "ORTHROS_TIKTOKEN_FILE at it).")
+GPT2_BPE_HOWTO = (f"Offline, `pip download --no-deps --no-binary :all: {WHISPER}` elsewhere and "
+                  "copy whisper/assets/gpt2.tiktoken from its tarball to data/gpt2.tiktoken (or "
+                  "point ORTHROS_TIKTOKEN_FILE at it).")
 # tiktoken's r50k_pat_str (tiktoken_ext/openai_public.py, 0.14): GPT-2's pattern, faster
 GPT2_PAT_STR = (r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++"""
                 r"""|\s++$|\s+(?!\S)|\s""")

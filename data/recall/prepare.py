@@ -10,10 +10,10 @@ to answer "?Q", copy the letter after "Q" in the filler. A query's distance: its
 minus the context key's. A test example has one query, at a distance in a bucket of --test_edges
 (default: 1-w, w-2w, ..., 8w-16w). A share --last_pair_frac of the training examples (from a
 second random stream) ask first for a pair flush against the query ("...Kv?K", distance 3: the
-needle at depth 1), which scattering almost never places. Deterministic given --seed.
+needle at depth 1), which scattering almost never places. Deterministic given --seed. --preset
+sets the other options (PRESETS below); one given overrides it.
 """
 
-import argparse
 import json
 import random
 import string
@@ -22,7 +22,7 @@ from pathlib import Path
 
 if __name__ == "__main__":  # run as a script: make `import data` work from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from data.prepare_utils import atomic_write, write_json_atomic
+from data.prepare_utils import atomic_write, prepare_main, write_json_atomic
 from data.tokenizer import get_tokenizer
 
 KEYS, VALUES = string.ascii_uppercase, string.ascii_lowercase
@@ -87,6 +87,8 @@ def make_example(rng, context_len, n_pairs, n_queries, n_keys, n_values, first_d
 def prepare(preset="default", out_dir=None, seed=1337, **overrides):
     """train.jsonl, train_short.jsonl (the warm-up), val.jsonl, test.jsonl, meta.json into out_dir
     (default: data/recall/, or data/recall_<preset>/ for the config of that name)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}: choose one of {list(PRESETS)}")
     p = {**PRESETS[preset], **overrides}
     if not 0 <= p["last_pair_frac"] <= 1:
         raise ValueError(f"last_pair_frac must be in [0, 1], got {p['last_pair_frac']}")
@@ -126,17 +128,5 @@ def prepare(preset="default", out_dir=None, seed=1337, **overrides):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="default", choices=list(PRESETS))
-    parser.add_argument("--out_dir", help="default: data/recall/, data/recall_<preset>/")
-    parser.add_argument("--seed", type=int, default=1337)
-    for key, value in PRESETS["default"].items():
-        others = ", ".join(f"{name}: {preset[key]}" for name, preset in PRESETS.items()
-                           if name != "default")
-        parser.add_argument(f"--{key}", type=type(value), help=f"default {value} ({others})")
-    parser.add_argument("--test_edges", type=lambda s: [int(e) for e in s.split(",")],
-                        help="comma-separated bucket edges for the test distances")
-    args = vars(parser.parse_args())
-    preset, out_dir, seed = args.pop("preset"), args.pop("out_dir"), args.pop("seed")
-    prepare(preset, out_dir, seed, **{k: v for k, v in args.items() if v is not None})
+    prepare_main(prepare, __doc__, test_edges=lambda edges: [int(e) for e in edges.split(",")],
+                 **{key: type(value) for key, value in PRESETS["default"].items()})
