@@ -6,9 +6,8 @@
     python -m exercises hint 4          the first hint of exercise 4; `hint 4 2` the second, ...
     python -m exercises show mask       the attention pattern of Figure 1, from orthros.py
 
-Your answers live in exercises/mine/ (git ignores it). The recall lab (exercise 10) reads two runs:
---runs swa=DIR,orthros=DIR (or ORTHROS_RECALL_RUNS), by default out/lab-recall-swa and -orthros.
-The syllabus, and what the checker refuses: exercises/README.md.
+Your answers live in exercises/mine/ (git ignores it). The recall lab reads two runs: --runs
+swa=DIR,orthros=DIR (or ORTHROS_RECALL_RUNS). The syllabus: exercises/README.md.
 """
 
 import argparse
@@ -21,6 +20,7 @@ import textwrap
 
 from exercises import framework
 from exercises.framework import EXERCISES, MINE, STUBS, Result, load_spec, relpath
+
 
 class Parser(argparse.ArgumentParser):
     """argparse, with its errors on one line (no usage block)."""
@@ -69,9 +69,10 @@ def run(argv):
                    help="where to write the picture (needs matplotlib); '' for none")
     args = parser.parse_args(argv)
     if args.command in ("list", "hint", "solution", "new", "show"):
+        from exercises.show import show_mask
         return {"list": lambda: list_exercises(), "hint": lambda: hint(args.n, args.k),
                 "new": lambda: new(args.name), "solution": lambda: solution(args.n, args.teacher),
-                "show": lambda: show(args)}[args.command]()
+                "show": lambda: show_mask(args.T, args.w, args.t_out, args.png)}[args.command]()
     which = list(EXERCISES) if args.which.lower() == "all" else [
         number_or_error(args.which, parser, args.command)]
     if args.command == "start":
@@ -163,21 +164,12 @@ def hint(n, k):
 def solution(n, teacher):
     if not teacher:
         print(f"A student learns more from `python -m exercises hint {n} 2` (the shapes or "
-              f"pseudocode) than from the answer. Teachers: python -m exercises solution {n} "
-              "--show",
-              file=sys.stderr)
+              f"pseudocode). Teachers: python -m exercises solution {n} --show", file=sys.stderr)
         return 1
     print(f"# Exercise {n}, {load_spec(n).TITLE}: the reference solution as a whole file (what "
           f"exercises/mine/{EXERCISES[n]}.py could hold)\n")
     print(framework.solved_source(load_spec(n)))
     return 0
-
-
-def show(args):
-    from exercises.show import show_mask
-    if args.png:
-        os.makedirs(os.path.dirname(os.path.abspath(args.png)), exist_ok=True)
-    return show_mask(args.T, args.w, args.t_out, args.png)
 
 
 def run_checks(which, use_solution, runs):
@@ -243,12 +235,10 @@ def new(name):
     return 0
 
 
-STUB = '''"""Exercise NN: the output positions. Which positions carry an output token?
+STUB = '''"""Exercise NN: the output positions. Which positions carry an output token (the twin
+of each of the last t_out of T, the paper's section 3.2)?
 
-Orthros predicts the next token at the last t_out of the T positions of a sequence: each of
-them gets an output token, its twin (the paper's section 3.2). Write the list of them.
-
-    python -m exercises start NN     python -m exercises check NN     python -m exercises hint NN
+    python -m exercises check NN     python -m exercises hint NN
 """
 
 
@@ -267,8 +257,7 @@ from exercises.solutions import STEM as solution
 
 TITLE, DIFFICULTY, MINUTES = "The output positions", 1, 10
 FUNCTIONS = ("output_positions",)
-REFERENCE = solution   # the stored solution: its functions
-PAPER = "T=2048"
+REFERENCE, PAPER = solution, "T=2048"
 DOMAIN = {"output_positions": Domain(pairs=True, T=[1, 2, 5, 2048],
                                      t_out=lambda T: sorted({1, 2, T - 1, T} - {0, T + 1}))}
 ALSO_RIGHT = "def output_positions(T, t_out):\\n    return [T - t_out + i for i in range(t_out)]\\n"

@@ -86,8 +86,7 @@ def stub_source(spec, folder=None):
     return ((folder or STUBS) / f"{spec.__name__.rsplit('.', 1)[-1]}.py").read_text()
 
 
-def solved_source(spec):
-    return stub_source(spec, SOLUTIONS)
+solved_source = functools.partial(stub_source, folder=SOLUTIONS)
 
 
 def hints(spec):
@@ -644,14 +643,18 @@ def randn(*shape, seed=0):
     return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
 
 
-def patched_logits(models, **patch):
-    """How each (attn, swa_impl, T, w, t_out) model's logits differ with patch in orthros.py."""
-    for attn, swa_impl, T, w, t_out in models:
-        model, idx = tiny_model(attn, window=w, swa_impl=swa_impl), tokens(2, T)
-        with torch.no_grad():
-            right = model(idx, t_out=t_out)[0]
-            with mock.patch.multiple(orthros, **patch):
-                problem = difference(model(idx, t_out=t_out)[0], right, "the logits")
-        if problem:
-            return (f"a model's logits with yours patched into orthros.py (attn={attn!r}, swa_impl="
-                    f"{swa_impl!r}, T={T}, w={w}, t_out={t_out}): {problem}")
+def whole_models(*models):
+    """A property: each (attn, swa_impl, T, w, t_out) model's logits with the answer's functions
+    patched into orthros.py."""
+    def whole_models(answer, **options):
+        """whole models with yours patched into orthros.py"""
+        for attn, swa_impl, T, w, t_out in models:
+            model, idx = tiny_model(attn, window=w, swa_impl=swa_impl), tokens(2, T)
+            with torch.no_grad():
+                right = model(idx, t_out=t_out)[0]
+                with mock.patch.multiple(orthros, **vars(answer)):
+                    problem = difference(model(idx, t_out=t_out)[0], right, "the logits")
+            if problem:
+                return (f"a model's logits with yours patched into orthros.py (attn={attn!r}, "
+                        f"swa_impl={swa_impl!r}, T={T}, w={w}, t_out={t_out}): {problem}")
+    return whole_models
