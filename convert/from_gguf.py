@@ -74,14 +74,10 @@ def main(argv=None):
     parser.add_argument("--gguf", help="a GGUF file (default: SmolLM2-135M-Instruct, from PyPI)")
     parser.add_argument("--out", help="the folder to write (default: models/<the file's name>)")
     args = parser.parse_args(argv)
-    default = SMOLLM2_DIR if args.gguf is None else SMOLLM2_DIR.parent / Path(args.gguf).stem
-    out = Path(args.out or default)
+    out = Path(args.out or SMOLLM2_DIR.parent / Path(args.gguf or SMOLLM2_DIR).stem)
     there = args.gguf is None and (out / "model.safetensors").is_file()  # smollm2() does nothing
     try:
-        if args.gguf is not None:
-            gguf_to_hf(args.gguf, out)
-        elif not there:
-            smollm2(out)
+        gguf_to_hf(args.gguf, out) if args.gguf else smollm2(out)
     except (FileNotFoundError, FileExistsError, ImportError) as e:
         sys.exit(f"error: {e}")
     done = "already there, left as it is:" if there else "wrote"

@@ -31,16 +31,14 @@ QK_NORMS = {f"self_attn.{p}_norm.weight": f"attn.{p}_norm.weight" for p in "qk"}
 
 
 def convert_hf(folder, window=128, device="cpu"):
-    """(OrthrosConfig's fields, state dict) of the model in folder at window w; checkpoint.py makes
-    them a checkpoint whose tokenizer is the folder's own."""
+    """(OrthrosConfig's fields, state dict) of the model in folder at window w."""
     folder = Path(folder).expanduser().resolve()
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"hf:{folder}: no config.json there; give the folder of a Hugging "
                                 "Face checkpoint (config.json, *.safetensors, tokenizer.json)")
     hf_tokenizer_file(folder)  # without it a checkpoint can be neither sampled nor trained on
-    model_config = orthros_config(json.loads((folder / "config.json").read_text()), window, folder)
-    state_dict = orthros_state_dict(read_safetensors(folder, device), model_config, folder)
-    return model_config, state_dict
+    config = orthros_config(json.loads((folder / "config.json").read_text()), window, folder)
+    return config, orthros_state_dict(read_safetensors(folder, device), config, folder)
 
 
 def orthros_config(hf, window, folder):
@@ -112,8 +110,7 @@ def read_safetensors(folder, device="cpu"):
     elif (folder / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:  # (a pickled pytorch_model.bin can run code when opened)
-        raise FileNotFoundError(f"{folder} has no model.safetensors nor its index.json; only "
-                                "safetensors weights are read")
+        raise FileNotFoundError(f"{folder} has no model.safetensors (nor its index.json)")
     weights = {}
     for name in files:
         if not (folder / name).is_file():
@@ -124,9 +121,7 @@ def read_safetensors(folder, device="cpu"):
 
 
 def orthros_state_dict(weights, config, folder):
-    """The weights as Orthros(OrthrosConfig(**config))'s state dict, with identity scale-offsets
-    (Alg. 1, line 5: q = 1 * (x W_Q) + 0); a weight missing, of another shape, or with no place in
-    Orthros is refused."""
+    """The weights as Orthros's state dict, identity scale-offsets (Alg. 1, line 5), or refused."""
     layer = {**LAYER, **(QKV_BIASES if config["qkv_bias"] else {}),
              **(QK_NORMS if config["qk_norm"] else {})}
     names = {"model.embed_tokens.weight": "wte.weight", "model.norm.weight": "ln_f.weight",
@@ -135,8 +130,7 @@ def orthros_state_dict(weights, config, folder):
         names.update({f"model.layers.{i}.{hf}": f"blocks.{i}.{ours}" for hf, ours in layer.items()})
     missing = [name for name in names if name not in weights]
     if missing == ["lm_head.weight"]:
-        raise ValueError(f"{folder}/config.json: tie_word_embeddings is false, but the weights "
-                         "have no lm_head.weight")
+        raise ValueError(f"{folder}/config.json: tie_word_embeddings is false: no lm_head.weight")
     if missing:
         raise ValueError(f"{folder}: the weight {missing[0]} is missing from its safetensors files")
     # Old checkpoints carry RoPE's frequencies as a buffer; Orthros computes them.

@@ -51,8 +51,7 @@ def write_dataset(out_dir, tokenizer, train_docs, val_docs, source, append_eot=T
 
 
 def prepare_main(prepare, doc, **types):
-    """A prepare.py's command line: --KEY for each of prepare's keywords, typed as its default, and
-    for each of types (by default None); a bad input or no network ends it in one line."""
+    """--KEY for each of prepare's keywords (typed as its default) and of types; errors: a line."""
     parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     keys = {k: p.default for k, p in inspect.signature(prepare).parameters.items()
@@ -104,8 +103,7 @@ def find_dataset(name_or_path, prepare=True):
 
 
 class PretrainBatches:
-    """x, y (B, T) windows of train.bin / val.bin, y = x shifted by one: random (nanoGPT's), or
-    with order="epoch" disjoint windows, each once per epoch in an order seeded by seed + epoch."""
+    """x, y (B, T) windows of train.bin / val.bin, y = x shifted by one: random or order="epoch"."""
 
     def __init__(self, data_dir, seq_len, device="cpu", order="random", seed=0):
         self.paths = {split: Path(data_dir) / f"{split}.bin" for split in ("train", "val")}
@@ -124,8 +122,7 @@ class PretrainBatches:
                                  "lower --seq_len or prepare more data")
 
     def get(self, split, batch_size, generator, first=None):
-        """(x, y, t_out = T). With order "epoch", windows first, first + 1, ... of the run's order:
-        a resumed run, another micro-step split or another model gets the same windows."""
+        """(x, y, t_out = T); order "epoch": windows first, first + 1, ... however split."""
         data = np.memmap(self.paths[split], dtype=self.dtype, mode="r")  # anew, as nanoGPT
         T = self.seq_len
         if self.order == "epoch" and first is not None:

@@ -30,16 +30,14 @@ def read_jsonl(path):
             raise ValueError(f"{where}: needs 'prompt' and 'response', or 'turns'")
         turns = ex["turns"] if "turns" in ex else [ex["prompt"], ex["response"]]
         if not isinstance(turns, list) or len(turns) < 2 or len(turns) % 2:
-            raise ValueError(f"{where}: 'turns' must be a list of prompt, response, prompt, "
-                             "response, ... (an even number, at least 2)")
+            raise ValueError(f"{where}: 'turns' must be [prompt, response, ...]: an even number")
         if not all(isinstance(t, str) for t in turns):
             raise ValueError(f"{where}: prompts and responses must be strings")
         if not turns[0]:
-            raise ValueError(f"{where}: the first prompt is empty; the model needs at least one "
-                             "token to predict the response from")
+            raise ValueError(f"{where}: the first prompt is empty: it must hold a token")
         if isinstance(ex.get("bucket"), (dict, list)):
-            raise ValueError(f"{where}: 'bucket' must be a JSON scalar (a string or a number), "
-                             f"got a {type(ex['bucket']).__name__}")
+            raise ValueError(f"{where}: 'bucket' must be a string or a number, not a "
+                             f"{type(ex['bucket']).__name__}")
         if "bucket" in ex and not isinstance(ex["bucket"], str):  # 3 and "3": the same bucket
             ex["bucket"] = json.dumps(ex["bucket"])
         examples.append({**{k: v for k, v in ex.items() if k not in ("prompt", "response")},
@@ -60,8 +58,7 @@ def encode_example(turns, tokenizer):
 
 
 def load_examples(path, tokenizer, max_len, overlong="drop"):
-    """(examples with "tokens" and "mask", a report). One over max_len input tokens is dropped, or
-    with overlong="truncate" loses its oldest tokens (dropped too if no target is left)."""
+    """(examples with "tokens", "mask", a report): the overlong dropped or truncated on the left."""
     if overlong not in ("drop", "truncate"):
         raise ValueError(f"overlong must be 'drop' or 'truncate', got {overlong!r}")
     examples, too_long = [], 0
@@ -82,8 +79,7 @@ def load_examples(path, tokenizer, max_len, overlong="drop"):
 
 
 def collate(examples, pad_id=0):
-    """x, y (B, T) right-padded (causal attention keeps padding out of real positions), y the next
-    token or IGNORE; t_out, the smallest suffix of columns holding every target (at least 1)."""
+    """x, y (B, T) right-padded, y the next token or IGNORE; t_out covering every target (>= 1)."""
     T = max(len(ex["tokens"]) - 1 for ex in examples)
     x = torch.full((len(examples), T), pad_id, dtype=torch.long)
     y = torch.full((len(examples), T), IGNORE, dtype=torch.long)
@@ -102,8 +98,7 @@ def has_prompt(example):
 
 
 def exact_match(examples, generate, batch_size=64):
-    """Exact match of the last responses (with END) per "bucket" (else "all"); generate(prompts, n)
-    continues a batch of equal-length prompts (lists of ids) by n tokens."""
+    """Exact match of the last responses (with END) per "bucket"; generate(prompts, n) -> tokens."""
     groups = defaultdict(list)  # equal prompt and answer lengths can share a batch
     for ex in examples:
         if not has_prompt(ex):

@@ -49,8 +49,7 @@ class ByteTokenizer:
             elif 0 <= i < 256:
                 run.append(i)
             else:
-                raise ValueError(f"byte tokenizer: id {i} is outside its vocabulary "
-                                 f"0..{self.vocab_size - 1}")
+                raise ValueError(f"byte tokenizer: id {i} is outside its vocabulary 0..256")
         return "".join(pieces) + run.decode("utf-8", errors="replace")
 
 
@@ -121,8 +120,7 @@ def read_ranks(path):
 
 
 class HFTokenizer:
-    """A Hugging Face checkpoint's tokenizer.json; encode() adds a BOS where transformers does.
-    .files: the texts of HF_FILES, which checkpoints keep; files= reads them back."""
+    """A Hugging Face tokenizer.json (.files: HF_FILES' texts, kept in checkpoints, read back)."""
 
     def __init__(self, folder, files=None):
         folder = Path(folder).expanduser().resolve()
@@ -197,6 +195,5 @@ def get_tokenizer(name, files=None):
     if name.startswith("hf:"):
         return HFTokenizer(name[3:], files)
     if name not in TOKENIZERS:
-        raise ValueError(f"unknown tokenizer {name!r}; choose one of {sorted(TOKENIZERS)} or "
-                         "hf:DIR")
+        raise ValueError(f"unknown tokenizer {name!r}; choose one of {sorted(TOKENIZERS)}, hf:DIR")
     return TOKENIZERS[name]()

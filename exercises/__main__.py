@@ -1,13 +1,10 @@
-"""The exercises' command line.
+"""The exercises' command line (the syllabus: exercises/README.md).
 
     python -m exercises list            the exercises, their files and difficulty
     python -m exercises start 4         your copy of exercise 4: exercises/mine/ex04_algorithm1.py
     python -m exercises check 4         check your copy of exercise 4 (check all: every exercise)
     python -m exercises hint 4          the first hint of exercise 4; `hint 4 2` the second, ...
     python -m exercises show mask       the attention pattern of Figure 1, from orthros.py
-
-Your answers live in exercises/mine/ (git ignores it). The recall lab reads two runs: --runs
-swa=DIR,orthros=DIR (or ORTHROS_RECALL_RUNS). The syllabus: exercises/README.md.
 """
 
 import argparse
@@ -75,9 +72,8 @@ def run(argv):
                 "show": lambda: show_mask(args.T, args.w, args.t_out, args.png)}[args.command]()
     which = list(EXERCISES) if args.which.lower() == "all" else [
         number_or_error(args.which, parser, args.command)]
-    if args.command == "start":
-        return start(which)
-    return run_checks(which, args.solution, parse_runs(args.runs, parser))
+    return start(which) if args.command == "start" else run_checks(which, args.solution,
+                                                                  parse_runs(args.runs, parser))
 
 
 def argument(test, what):

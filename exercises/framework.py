@@ -283,8 +283,7 @@ def reference(spec, name, params, seed=0):
 
 
 def observe(fn, inputs, params):
-    """fn's output, its inputs before and after, and where the output requires grad (float64, inputs
-    up to 1e3: no saturated softmax) the gradients of the floating inputs and weights."""
+    """fn's output, inputs before and after, gradients (float64, inputs <= 1e3: no saturation)."""
     try:
         before = snapshot(inputs)
         torch.manual_seed(0)   # dropout: the same masks for the reference and the answer
@@ -356,8 +355,7 @@ def repeat(spec, name, fn, params, inputs, mine, at):
 
 
 def draws(domain, seed=0):
-    """Of POOL random draws, greedily those holding values (and pairs) not held yet, then `draws`
-    random ones; smallest first, those on meta last."""
+    """Greedily the POOL draws holding values (and pairs) not held yet, then `draws` random ones."""
     rng, names = random.Random(seed), list(domain.params)
     pairs = list(itertools.combinations(names, 2)) if domain.pairs is True else domain.pairs
 
@@ -446,8 +444,7 @@ GONE = object()   # what is at a path that is not there
 
 
 def flat(x, path=""):
-    """x as {path: value}: a tensor's copy and requires_grad, a value, a container's type and parts
-    (a module's weights, its submodules' public attributes and hooks)."""
+    """x as {path: value}: a tensor's copy and requires_grad, a value, a container's parts."""
     if isinstance(x, torch.Tensor):
         return {path: x.detach() if x.is_meta else x.detach().clone(),
                 f"{path}.requires_grad": x.requires_grad}
@@ -644,8 +641,7 @@ def randn(*shape, seed=0):
 
 
 def whole_models(*models):
-    """A property: each (attn, swa_impl, T, w, t_out) model's logits with the answer's functions
-    patched into orthros.py."""
+    """A property: (attn, swa_impl, T, w, t_out) models with the answer patched into orthros.py."""
     def whole_models(answer, **options):
         """whole models with yours patched into orthros.py"""
         for attn, swa_impl, T, w, t_out in models:

@@ -12,10 +12,9 @@ import orthros
 
 
 def pattern(T, w, t_out):
-    """(T + t_out, T) booleans: row i < T is base token i (sliding window w, eq. 4), row T + j is the
-    output token of position T - t_out + j (full causal, eq. 5); the columns are the T base keys."""
+    """(T + t_out, T) booleans: rows the T base tokens (eq. 4), then the output tokens (eq. 5)."""
     base = orthros.attention_mask(T, T, w)                 # (T, T): the band
-    output = orthros.attention_mask(t_out, T, None)        # (t_out, T): bottom-right aligned, causal
+    output = orthros.attention_mask(t_out, T, None)        # (t_out, T): causal, bottom-right
     return torch.cat([base, output])
 
 
@@ -61,8 +60,8 @@ def draw(rows, T, w, t_out, path):
     ax.grid(which="minor", color="white", linewidth=1)
     ax.tick_params(which="minor", length=0)
     ax.set(xlabel="keys and values: the base tokens 0 ... T-1", ylabel="queries")
-    ax.set_title(f"Orthros attention, T = {T}, w = {w}, t_out = {t_out}\nblue: base tokens, sliding "
-                 "window (eq. 4)\norange: output tokens, full causal (eq. 5)", fontsize=10)
+    ax.set_title(f"Orthros attention, T = {T}, w = {w}, t_out = {t_out}\nblue: base tokens, "
+                 "sliding window (eq. 4)\norange: output tokens, full causal (eq. 5)", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

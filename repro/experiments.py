@@ -94,8 +94,7 @@ class Run:
 
 
 def run_state(run):
-    """'done', 'resume', 'overwrite' (it died before its first save) or 'fresh'; a folder of a run
-    with other arguments is an error: nothing overwrites another run."""
+    """'done', 'resume', 'overwrite' or 'fresh'; a folder of a run with other arguments: error."""
     results_written = not run.exact_match or (run.out_dir / "exact_match.json").exists()
     if (run.out_dir / "ckpt_last.pt").exists():
         ckpt = load_checkpoint(run.out_dir / "ckpt_last.pt")
@@ -214,8 +213,7 @@ def stats(values):
 
 
 def compare(a, b, a_stats, b_stats, metric):
-    """Is a - b larger than the seeds' spread (std_a + std_b)? And seed by seed (the same batches,
-    and in conversion the same base)?"""
+    """Is a - b larger than the seeds' spread (std_a + std_b), and seed by seed?"""
     diff = a_stats["mean"] - b_stats["mean"]
     per_seed = [x - y for x, y in zip(a_stats["values"], b_stats["values"])]
     one_seed = a_stats["std"] is None or b_stats["std"] is None
@@ -499,11 +497,10 @@ def step_gap(S):
         evals = {key: e for key, e in evals.items() if len(e) > 1}  # evaluated after step 0
         summary = {f"{arm} seed{seed}": gap_summary(e, int(runs[arm, seed].given["max_iters"]))
                    for (arm, seed), e in evals.items()}
-        arms = {}
-        for arm, seed in evals:
-            arms.setdefault(arm, []).append(summary[f"{arm} seed{seed}"]["best_val"])
+        best = {arm: [s["best_val"] for key, s in summary.items() if key.startswith(f"{arm} ")]
+                for arm, _ in evals}
         save("gap", {"seeds": seeds, "groups": GAP_GROUPS,
-                     "best_val_loss": {arm: stats(values) for arm, values in arms.items()},
+                     "best_val_loss": {arm: stats(values) for arm, values in best.items()},
                      "comparisons": [gap_compare(evals, a, b, seeds) for a, b in GAP_COMPARISONS],
                      "runs": summary}, S, runs.values())
     # The costliest first (Orthros runs twice the tokens through its layers): with --parallel

@@ -263,8 +263,7 @@ def cpt(args, hf, tokenizer, device):
 
 
 def train_run(args, attn, init, out, seq_len, batch_size, steps, lr, curve, compiled):
-    """train.py from init into out (resumed, or skipped if done), kept at the curve's steps; its
-    settings, val losses and median training tokens/s in each segment."""
+    """train.py from init into out, resumed; its settings, val losses, median tokens/s a segment."""
     if not (out / f"ckpt_{steps}.pt").exists():
         start = (["--init_from", "resume"] if (out / "ckpt_last.pt").exists()
                  else ["--init_from", str(init), "--overwrite", "true"])

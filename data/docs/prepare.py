@@ -4,11 +4,9 @@ without root by `apt-get download` (after `apt-get update`, once) and opened by 
 
     python data/docs/prepare.py --tokenizer hf:models/SmolLM2-135M-Instruct   # 36M tokens, 5 min
 
-Each file is one document, followed by the end token; a file whose contents another already gave
-is dropped, and so is one holding repro/smollm2.py's passkey filler, so the probe's text stays
-unseen. Train and val are split by a hash of package/path (no val document is seen in training,
-even in part), each in the order of that hash. Each package's licence is beside it below (the
-"Files: *" stanza of its /usr/share/doc/<package>/copyright).
+Each file is one document; a duplicate, or one holding repro/smollm2.py's passkey filler (its
+probe stays unseen), is dropped. Train and val are split, and ordered, by a hash of package/path.
+Each package's licence is beside it below ("Files: *" of /usr/share/doc/<package>/copyright).
 """
 
 import fnmatch

@@ -31,8 +31,7 @@ QUERY = "?"
 LAST_PAIR_DISTANCE = 3  # the last pair's key at context_len - 2, the query's at context_len + 1
 
 PRESETS = {
-    # window 128: distances up to 2048+ (16 windows); the `recall` config (one GPU, minutes).
-    # The short warm-up split packs the pairs and keeps every query inside the window.
+    # window 128: distances to 2048+ (16 windows), the `recall` config (one GPU, minutes)
     "default": dict(window=128, context_len=2100, short_context_len=16, n_pairs=8, n_queries=8,
                     n_short_queries=8, n_keys=26, n_values=26, n_train=6000, n_short=20000,
                     n_val=200, n_test_per_bucket=100, last_pair_frac=0.1),
@@ -40,8 +39,7 @@ PRESETS = {
     "tiny": dict(window=32, context_len=300, short_context_len=16, n_pairs=8, n_queries=8,
                  n_short_queries=4, n_keys=26, n_values=26, n_train=20000, n_short=10000, n_val=200,
                  n_test_per_bucket=100, last_pair_frac=0.1),
-    # window 16, 40-token contexts, 4 keys and 8 values (chance 1/8): the `recall_micro` config, a
-    # one-layer model that learns the task in seconds on a CPU (the test suite's recall proof)
+    # window 16, chance 1/8: the `recall_micro` config, learnt in seconds (the tests' recall proof)
     "micro": dict(window=16, context_len=40, short_context_len=12, n_pairs=4, n_queries=4,
                   n_short_queries=2, n_keys=4, n_values=8, n_train=4000, n_short=4000, n_val=100,
                   n_test_per_bucket=100, last_pair_frac=0.1),
@@ -56,8 +54,7 @@ def scatter(rng, length, n):
 
 
 def make_example(rng, context_len, n_pairs, n_queries, n_keys, n_values, first_distance=None):
-    """One example: a context of context_len tokens holding n_pairs "Kv" pairs, then n_queries
-    queries. With first_distance, the first query's pair is placed exactly that far back."""
+    """n_pairs "Kv" pairs in context_len tokens, n_queries queries; the first at first_distance."""
     keys = rng.sample(KEYS[:n_keys], n_pairs)
     values = [rng.choice(VALUES[:n_values]) for _ in keys]
     context = [rng.choice(FILLER) for _ in range(context_len)]
@@ -85,8 +82,7 @@ def make_example(rng, context_len, n_pairs, n_queries, n_keys, n_values, first_d
 
 
 def prepare(preset="default", out_dir=None, seed=1337, **overrides):
-    """train.jsonl, train_short.jsonl (the warm-up), val.jsonl, test.jsonl, meta.json into out_dir
-    (default: data/recall/, or data/recall_<preset>/ for the config of that name)."""
+    """The splits and meta.json into out_dir (default: data/recall/ or data/recall_<preset>/)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}: choose one of {list(PRESETS)}")
     p = {**PRESETS[preset], **overrides}

@@ -34,8 +34,7 @@ def download(path):
 
 
 def prepare(input=None, out_dir=None, tokenizer="gpt2"):
-    """Tiny Shakespeare (data/shakespeare/input.txt, downloaded if missing) or another text, in
-    the tokenizer of that name (gpt2, byte or hf:DIR)."""
+    """Tiny Shakespeare (downloaded if missing), or another text, in the tokenizer of that name."""
     input_path = Path(input or DEFAULT_INPUT)
     if not input_path.exists():
         if input_path != DEFAULT_INPUT:

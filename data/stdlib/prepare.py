@@ -38,8 +38,7 @@ def is_val(rel_path, val_fraction):
 
 
 def prepare(src_dir=None, out_dir=None, max_files=None, val_fraction=0.1, tokenizer="byte"):
-    """The .py files under src_dir (default: this Python's stdlib) into out_dir, in the tokenizer
-    of that name (byte, gpt2 or hf:DIR)."""
+    """The .py files under src_dir (default: this Python's stdlib) into out_dir."""
     what = f"Python {sys.version.split()[0]} standard library" if src_dir is None else "the"
     src_dir = Path(src_dir or sysconfig.get_paths()["stdlib"])
     files = find_files(src_dir)

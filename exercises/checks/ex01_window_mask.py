@@ -16,8 +16,7 @@ SHAPES = ["0-d, one pair (FlexAttention's mask_mod)", "1-D pairs of one shape", 
 
 
 def positions(seed, shape, n, far, dtype, **_):
-    """q_pos, k_pos as orthros.py passes them: queries at far + 0 ... n-1, keys at 0 ... n-1 and at
-    far + 0 ... n-1 (distances up to far + n - 1), or random pairs of them."""
+    """q_pos, k_pos as orthros.py passes them: queries at far + 0 ... n-1, keys 0 ... far + n-1."""
     g = torch.Generator().manual_seed(seed)
     q, k = far + torch.arange(n), torch.cat([torch.arange(n), far + torch.arange(n)])
     pick = lambda x, *shape: x[torch.randint(len(x), shape, generator=g)]

@@ -21,8 +21,7 @@ PAPER, SHAPES, BF16 = "window=128", [(2, 3, 4), (1, 1, 6), (3, 2, 8)], torch.bfl
 
 
 def inputs(seed, T, shape, views, scale, **_):
-    """q, k, v: (B, H, T, D), q and k times scale; views: transposed views of (B, T, H, D) tensors,
-    as the model passes them."""
+    """q, k, v (B, H, T, D), q and k times scale; views: transposed, as the model passes them."""
     (B, H, D), seeds = shape, range(seed, seed + 3)
     made = [randn(B, T, H, D, seed=s).transpose(1, 2) if views else randn(B, H, T, D, seed=s)
             for s in seeds]
@@ -51,8 +50,7 @@ class LargestTensor(TorchDispatchMode):
 
 
 def memory(answer, **options):
-    """O(T w) memory: no tensor made holds more than 8 T w elements (the dense mask: T^2 = 32 T w),
-    at T=4096, w=128"""
+    """O(T w) memory: at T=4096, w=128 no tensor made holds over 8 T w elements (T^2 = 32 T w)"""
     T, w = 4096, 128
     with torch.no_grad(), LargestTensor() as mode:
         answer.blocked_sliding_window_attention(*(randn(1, 1, T, 4, seed=i) for i in range(3)), w)

@@ -1,5 +1,4 @@
-"""Exercise 10, the recall lab: the checker. The reference: the stored solution, on made-up runs and
-on yours."""
+"""Exercise 10, the recall lab: the checker. The reference: the stored solution."""
 
 import contextlib
 import json
@@ -25,8 +24,7 @@ RETRAIN = "Let it train its whole schedule (recall_tiny's 2400 steps), or again 
 
 
 def made_up_run(seed, attn, window, n_layer, cut, path, **_):
-    """A run's folder: exact_match.json, buckets "lo-hi" cut near the window and n_layer * window
-    and at random, of random sizes and hits; a checkpoint holding a model config."""
+    """A run's folder: exact_match.json (buckets cut near w, n_layer * w, at random), a ckpt"""
     window, n_layer = window + seed, n_layer + seed   # seed 1: another run in the same folder
     rng, reach, run = random.Random(seed), n_layer * window, Path(tempfile.mkdtemp(dir=FOLDER.name))
     drop = {window, reach} - {2} if cut == "across" else set()   # then a bucket across each

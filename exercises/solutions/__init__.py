@@ -1,2 +1,1 @@
-"""The stored solutions (python -m exercises solution N --show); each exNN_*_also.py is another
-right answer, written otherwise, which the check must pass too."""
+"""The stored solutions; each exNN_*_also.py: another right answer, written otherwise."""
