@@ -3,6 +3,7 @@
 write_dataset; train.py reads random windows of them through np.memmap (PretrainBatches)."""
 
 import argparse
+import hashlib
 import importlib
 import inspect
 import json
@@ -27,6 +28,11 @@ def atomic_write(path, write, mode="wb"):
         f.flush()
         os.fsync(f.fileno())  # the bytes are on disk before the rename makes them the file
     os.replace(tmp, path)
+
+
+def hashed(name):
+    """A stable number in [0, 1) for a document's name (Python's hash() is salted per process)."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") / 2**64
 
 
 def write_json_atomic(path, obj):

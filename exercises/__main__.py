@@ -70,10 +70,17 @@ def run(argv):
         return {"list": lambda: list_exercises(), "hint": lambda: hint(args.n, args.k),
                 "new": lambda: new(args.name), "solution": lambda: solution(args.n, args.teacher),
                 "show": lambda: show_mask(args.T, args.w, args.t_out, args.png)}[args.command]()
-    which = list(EXERCISES) if args.which.lower() == "all" else [
-        number_or_error(args.which, parser, args.command)]
-    return start(which) if args.command == "start" else run_checks(which, args.solution,
-                                                                  parse_runs(args.runs, parser))
+    try:
+        which = list(EXERCISES) if args.which.lower() == "all" else [exercise_number(args.which)]
+    except argparse.ArgumentTypeError as e:
+        parser.error(f"{args.command}: {e}, or all")
+    if args.command == "start":
+        return start(which)
+    try:
+        runs = dict(item.split("=", 1) for item in args.runs.split(",")) if args.runs else None
+    except ValueError:
+        parser.error(f"--runs {args.runs!r}: write it as swa=DIR,orthros=DIR")
+    return run_checks(which, args.solution, runs)
 
 
 def argument(test, what):
@@ -93,37 +100,19 @@ exercise_name = argument(lambda t: re.fullmatch(r"[a-z][a-z0-9_]*", t), "a name 
                          "lower-case letters, digits and _")
 
 
-def number_or_error(text, parser, command):
-    try:
-        return exercise_number(text)
-    except argparse.ArgumentTypeError as e:
-        parser.error(f"{command}: {e}, or all")
-
-
-def parse_runs(text, parser):
-    try:
-        return dict(item.split("=", 1) for item in text.split(",")) if text else None
-    except ValueError:
-        parser.error(f"--runs {text!r}: write it as swa=DIR,orthros=DIR")
-
-
 def list_exercises():
     print(f"{'#':>2}  {'exercise':<36} {'kind':<17} {'difficulty':<10} {'minutes':>7}  your file")
     for n, name in EXERCISES.items():
         spec, mine = load_spec(n), MINE / f"{name}.py"
         where = relpath(mine) if mine.is_file() else f"(python -m exercises start {n})"
-        print(f"{n:>2}  {spec.TITLE:<36} {kind(spec):<17} {'*' * spec.DIFFICULTY:<10} "
+        kind = " + ".join(dict.fromkeys(  # "replace": the reference is the repo's own function
+            "build" if getattr(spec.REFERENCE, f).__module__.startswith("exercises") else "replace"
+            for f in spec.FUNCTIONS))
+        print(f"{n:>2}  {spec.TITLE:<36} {kind:<17} {'*' * spec.DIFFICULTY:<10} "
               f"{spec.MINUTES:>7}  {where}")
     print("\npython -m exercises start N makes your copy; check N checks it; hint N gives a hint. "
           "The syllabus: exercises/README.md")
     return 0
-
-
-def kind(spec):
-    """"replace" where the reference is the repo's own function, "build" where the checker's."""
-    modules = [getattr(spec.REFERENCE, f).__module__ for f in spec.FUNCTIONS]
-    return " + ".join(dict.fromkeys("build" if m.startswith("exercises") else "replace"
-                                    for m in modules))
 
 
 def start(which):
@@ -233,8 +222,6 @@ def new(name):
 
 STUB = '''"""Exercise NN: the output positions. Which positions carry an output token (the twin
 of each of the last t_out of T, the paper's section 3.2)?
-
-    python -m exercises check NN     python -m exercises hint NN
 """
 
 

@@ -1,8 +1,5 @@
-"""The attention pattern of the paper's Figure 1, built from orthros.py's live attention_mask:
-the base tokens' band, then the output tokens' full causal rows over the same keys.
-
-    python -m exercises show mask [--T 16 --w 4 --t_out 4]
-"""
+"""The attention pattern of the paper's Figure 1 from orthros.py's live attention_mask: the base
+tokens' band, then the output tokens' full causal rows. python -m exercises show mask"""
 
 from pathlib import Path
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 if __name__ == "__main__":  # run as a script: make `import data` work from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from data.prepare_utils import prepare_main, write_dataset
+from data.prepare_utils import hashed, prepare_main, write_dataset
 from data.tokenizer import get_tokenizer
 
 SPHINX = ("*/_sources/*.txt",)  # the reST that Sphinx keeps beside the HTML it built
@@ -71,11 +71,6 @@ def read_deb(deb, patterns):
                 yield f.name.removeprefix("./"), data.decode("utf-8", "replace")
     if tar.wait():
         raise RuntimeError(f"dpkg-deb could not read {deb}")
-
-
-def hashed(name):
-    """A stable number in [0, 1) for a document's name (not Python's hash(): salted per process)."""
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") / 2**64
 
 
 def prepare(out_dir=None, tokenizer="byte", val_fraction=0.03, packages=None):

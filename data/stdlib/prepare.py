@@ -9,14 +9,13 @@ packages and generated data (EXCLUDED_DIRS), one document each, split into train
 no val file is seen in training, even in part.
 """
 
-import hashlib
 import sys
 import sysconfig
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a script: make `import data` work from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from data.prepare_utils import prepare_main, write_dataset
+from data.prepare_utils import hashed, prepare_main, write_dataset
 from data.tokenizer import get_tokenizer
 
 # pydoc_data: 0.8 MB of help text in one file, which would be most of val; encodings: codec tables
@@ -30,11 +29,8 @@ def find_files(src_dir):
     return sorted(p for p in files if not EXCLUDED_DIRS & set(p.parts))
 
 
-def is_val(rel_path, val_fraction):
-    # NOTE: a sha256 of the path, not Python's hash() (salted per process) nor the file's rank
-    # (a file that comes or goes would move the others)
-    h = hashlib.sha256(rel_path.as_posix().encode()).digest()
-    return int.from_bytes(h[:8], "big") / 2**64 < val_fraction
+def is_val(rel_path, val_fraction):  # by the path's hash: a file that comes or goes moves no other
+    return hashed(rel_path.as_posix()) < val_fraction
 
 
 def prepare(src_dir=None, out_dir=None, max_files=None, val_fraction=0.1, tokenizer="byte"):

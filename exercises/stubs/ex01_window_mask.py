@@ -3,9 +3,7 @@
 Every sliding-window path in orthros.py asks one predicate whether a query may see a key. Write
 it, and the (n_q, n_k) mask built from it; the checker also patches both into orthros.py and runs
 whole models. The paper's eq. 4: the query at t sees the keys j with max(1, t-w+1) <= j <= t
-(here positions count from 0).
-
-    python -m exercises check 1       python -m exercises hint 1       python -m exercises show mask
+(here positions count from 0); python -m exercises show mask draws it.
 """
 
 import torch

@@ -12,8 +12,6 @@ a model's modules (calling the model, its forward, prefill, decode or generate i
 
 The checker compares yours with model(idx, t_out=t_out) on models with every option orthros.py
 has, in float64, float32 and bfloat16: take every size from the model. Eval mode: no dropout.
-
-    python -m exercises check 2       python -m exercises hint 2
 """
 
 import torch

@@ -14,8 +14,6 @@ The paper's section 3.2: the same forward(idx, t_out) serves every regime; only 
    (checked against the smallest that orthros.py's check_targets accepts).
 2. tokens_through_layers(attn, T, t_out): the rows of z in Orthros.forward, for attn "orthros",
    "swa" or "transformer" (counted live, with a hook on a model's first block).
-
-    python -m exercises check 3       python -m exercises hint 3
 """
 
 import torch

@@ -15,8 +15,6 @@ attention_mask, repeat_kv, reference_attention (lines 8-9) and F.scaled_dot_prod
 calling the layer (attn(...), a Block, the model) is refused. The checker compares yours with
 attn(z, T, (cos, sin)) in float64, float32 and bfloat16, z up to 1e15, and on the meta device (make
 every tensor where z is): take every size from attn, z and cos.
-
-    python -m exercises check 4       python -m exercises hint 4
 """
 
 import torch

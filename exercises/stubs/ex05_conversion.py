@@ -10,8 +10,6 @@ rest as in the Transformer's config) holding copies of its weights, every parame
 the Transformer left as it was (Orthros.load_transformer_weights is refused). The checker compares
 it with orthros.py's own conversion, and its logits with the Transformer's, on Transformers with
 every option orthros.py has, bfloat16 and scale_offset=False (the paper's "w/o SO": none) too.
-
-    python -m exercises check 5       python -m exercises hint 5
 """
 
 import dataclasses

@@ -9,8 +9,6 @@ L(w-1). Orthros's output stream attends every earlier key at every layer: every 
    exactly: the faint influences are the point. Change a copy: idx must come back as it was.
 2. swa_reach(n_layer, window): how many positions back a sliding-window model's logits reach.
 The checker compares both with what it measures on SWA, Orthros and Transformer models.
-
-    python -m exercises check 6       python -m exercises hint 6
 """
 
 import torch

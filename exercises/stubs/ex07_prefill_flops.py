@@ -16,8 +16,6 @@ every term in FLOPs (a multiply-add is 2 FLOPs: a C x C matrix costs one token 2
 The checker compares both functions with perf/flops.py (attended_pairs, forward_flops(cfg, T, 1),
 refused while yours run), patches your attended_pairs in, and prints the FLOP-limit speedup of
 Orthros over the Transformer next to a measured CPU prefill speedup.
-
-    python -m exercises check 7       python -m exercises hint 7
 """
 
 

@@ -11,8 +11,6 @@ model's q, k, v are), q and k up to 1e15, with dropout (after the same torch.man
 scaled_dot_product_attention over all the blocks draws orthros.py's mask) and on the meta device
 (make every tensor on q.device); then in whole models; and at T = 4096, w = 128 no tensor you make
 may hold more than 8 T w elements. orthros.py's other windowed attentions are refused.
-
-    python -m exercises check 8       python -m exercises hint 8
 """
 
 import math

@@ -14,8 +14,6 @@ with the model's decode (logits, and the cache it leaves) after prefill(p), p up
 Orthros, SWA and the Transformer with every option orthros.py has, in float64, float32 and
 bfloat16 (keep the weights'), next_idx (B,) or (B, 1), and on the meta device (the paper's
 widths): make new tensors where next_idx is, and leave next_idx as it was.
-
-    python -m exercises check 9       python -m exercises hint 9
 """
 
 import torch

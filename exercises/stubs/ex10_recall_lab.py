@@ -17,8 +17,6 @@ distance, grouped into buckets ("1-32", "32-64", ...: distances lo <= d < hi, in
 The checker compares yours with the stored solution on made-up runs, then on your two runs, and
 checks what the lab should show: SWA near chance beyond n_layer * window, Orthros answering there.
 Until both runs exist it waits for them. Other runs: check 10 --runs swa=DIR,orthros=DIR
-
-    python -m exercises check 10      python -m exercises hint 10
 """
 
 import json
