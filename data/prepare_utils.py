@@ -119,9 +119,8 @@ class PretrainBatches:
         self.dtype = np.dtype(load_meta(data_dir).get("dtype", "uint16") if has_meta else "uint16")
         for split, path in self.paths.items():
             if not path.is_file():
-                hint = ("it holds SFT data (train.jsonl): add --task sft"
-                        if (Path(data_dir) / "train.jsonl").exists() else
-                        "prepare it first (data/<name>/prepare.py writes train.bin and val.bin)")
+                hint = ("it holds SFT data (train.jsonl): add --task sft" if (Path(data_dir) /
+                        "train.jsonl").exists() else "prepare it first (data/<name>/prepare.py)")
                 raise ValueError(f"{data_dir} has no {split}.bin for pre-training; {hint}")
             if len(np.memmap(path, dtype=self.dtype, mode="r")) <= seq_len + 1:
                 raise ValueError(f"{path} has fewer than seq_len + 2 = {seq_len + 2} tokens; "

@@ -150,13 +150,11 @@ class SFTBatches:
         splits = {p.stem: p for p in sorted(Path(data_dir).glob("*.jsonl"))}
         if not splits and list(Path(data_dir).glob("*.bin")):
             raise ValueError(f"{data_dir} holds pre-training data (*.bin), not SFT JSONL: drop "
-                             "--task sft, or point --dataset at a folder with train.jsonl and "
-                             "val.jsonl")
+                             "--task sft, or give --dataset a folder of train.jsonl, val.jsonl")
         for needed in ("train", "val") + ((curriculum,) if curriculum else ()):
             if needed not in splits:
-                raise ValueError(f"{data_dir} has no {needed}.jsonl (SFT needs train.jsonl and "
-                                 "val.jsonl" + (f", and {curriculum}.jsonl for --curriculum"
-                                                if curriculum else "") + ")")
+                raise ValueError(f"{data_dir} has no {needed}.jsonl: SFT needs train.jsonl, "
+                                 "val.jsonl and the --curriculum's")
         self.examples, self.device = {}, device
         for name, path in splits.items():
             self.examples[name], report = load_examples(path, tokenizer, seq_len, overlong)

@@ -60,8 +60,7 @@ class GPT2Tokenizer:
     def __init__(self):
         path = os.environ.get("ORTHROS_TIKTOKEN_FILE")
         if path and not Path(path).is_file():
-            raise FileNotFoundError(f"ORTHROS_TIKTOKEN_FILE={path!r} does not exist. It must name "
-                                    f"the GPT-2 BPE ranks file (gpt2.tiktoken). {GPT2_BPE_HOWTO}")
+            raise FileNotFoundError(f"ORTHROS_TIKTOKEN_FILE={path!r}: no file. {GPT2_BPE_HOWTO}")
         if not path and not GPT2_BPE_FILE.is_file():  # once, from the whisper sdist on PyPI
             print(f"fetching the GPT-2 BPE ranks from PyPI ({WHISPER}, source distribution) into "
                   f"{GPT2_BPE_FILE}, once", file=sys.stderr)
@@ -77,8 +76,7 @@ class GPT2Tokenizer:
         # marker into ordinary tokens; neither tells the user what is wrong with their text.
         if GPT2_EOT in text:
             raise ValueError(f"gpt2 tokenizer: the text contains the special marker {GPT2_EOT!r}; "
-                             "it is not ordinary text and cannot be encoded. Remove it (documents "
-                             "are separated by appending tok.eot).")
+                             "remove it (documents are separated by appending tok.eot)")
         return self.enc.encode_ordinary(text)
 
     def decode(self, ids):
@@ -104,9 +102,8 @@ def fetch_from_pip(package, member, howto, sdist=False):
 
 def check_sha256(contents, what):
     if (sha256 := hashlib.sha256(contents).hexdigest()) != GPT2_BPE_SHA256:
-        raise ValueError(f"{what} is not the GPT-2 BPE ranks file: its sha256 is {sha256}, "
-                         f"expected {GPT2_BPE_SHA256}. The file is corrupt or a different "
-                         f"vocabulary. {GPT2_BPE_HOWTO}")
+        raise ValueError(f"{what} is not the GPT-2 ranks file (corrupt, or another vocabulary): "
+                         f"its sha256 is {sha256}, not {GPT2_BPE_SHA256}. {GPT2_BPE_HOWTO}")
 
 
 def read_ranks(path):
@@ -137,9 +134,8 @@ class HFTokenizer:
         self.bos = self._token_id(settings.get("bos_token"), model_config.get("bos_token_id"))
         self.eot = self._token_id(settings.get("eos_token"), model_config.get("eos_token_id"))
         if self.eot is None:
-            raise ValueError(f"{folder}: no EOS token (neither tokenizer_config.json's eos_token "
-                             "nor config.json's eos_token_id names one); add eos_token to "
-                             "tokenizer_config.json")
+            raise ValueError(f"{folder}: no EOS token (tokenizer_config.json's eos_token, "
+                             "config.json's eos_token_id); add eos_token to tokenizer_config.json")
         template = files.get("chat_template.jinja", settings.get("chat_template"))
         if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
             template = {t["name"]: t["template"] for t in template}.get("default")

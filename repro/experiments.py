@@ -10,10 +10,8 @@ The paper's claims at classroom scale, through train.py and sample.py as a user 
     python repro/experiments.py recall niah --scale cpu     # recall_tiny (window 32): CPU minutes
     python repro/experiments.py all --scale tiny --seeds 2  # every step, tiny: a smoke test
 
-A step trains what it needs into out/exp-<scale>/ and writes results/<step>.json (<step>_<scale>
-below the GPU scale) with its commands, device and commit. --seeds N: 1337 ... 1336 + N for lm and
-conversion (the others take the first). The same command again skips finished runs and resumes
-the others; --time_limit S (or SIGTERM) stops the trainings, which save their checkpoints.
+A step trains into out/exp-<scale>/ and writes results/<step>[_<scale>].json. The same command
+again skips finished runs and resumes the others; --time_limit (or SIGTERM) stops them.
 """
 
 import argparse
@@ -112,8 +110,7 @@ def run_state(run):
     return "overwrite" if run.out_dir.is_dir() and any(run.out_dir.iterdir()) else "fresh"
 
 
-class Stop(Exception):
-    """(why, exit status): a failed run, SIGTERM or --time_limit stops the trainings."""
+Stop = type("Stop", (Exception,), {})  # (why, exit status): a failed run, SIGTERM, --time_limit
 
 
 def run_all(jobs, parallel, deadline, keep_going=False, tick=lambda: None):

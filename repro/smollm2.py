@@ -1,19 +1,15 @@
 """
-A real pretrained model converted into Orthros: SmolLM2-135M-Instruct (convert/from_gguf.py),
-before and after continued pre-training (CPT), as in the paper's section 4.3 and Table 2.
+SmolLM2-135M-Instruct (convert/from_gguf.py) converted into Orthros, before and after continued
+pre-training (CPT), as in the paper's section 4.3 and Table 2.
 
-    python repro/smollm2.py eval      # before any training, CPU: the original, Orthros and SWA
+    python repro/smollm2.py eval      # CPU: the original, Orthros and SWA (no output stream)
     python repro/smollm2.py cpt       # one GPU: CPT curves of Orthros, Base CPT and SWA, then at 8K
     python repro/smollm2.py prefill   # one GPU: the converted model's prefill and the original's
 
-eval scores transformers' own model ("original") and Orthros and SWA built from its weights at
-window w (SWA: no output stream) by the loss on the first 2048 tokens of held-out stdlib files
-(positions < w and >= w apart) and by a passkey (5 digits in 300 to 2,000 tokens of filler):
-out/smollm2_eval_<device>.json (or --out). prefill: results/smollm2_prefill[_<device>].json.
-cpt trains each of --attns (transformer: Base CPT) on --data, in one order, measures it as eval
-does at --curve's shares of --steps, then trains --long_steps at T = --long_seq_len (SmolLM2's
-8,192), measured before and after: --out_dir's cpt.json and cpt.png. Run again, it skips what is
-done and resumes a stopped run.
+eval: the loss on 2048 tokens of held-out stdlib files (positions < w and >= w apart) and a
+passkey (5 digits in 300 to 2,000 tokens of filler). cpt trains each of --attns on --data, measured
+as eval is at --curve's shares of --steps, then --long_steps at --long_seq_len; run again, it skips
+what is done and resumes a stopped run.
 """
 
 import argparse

@@ -5,13 +5,11 @@
     python data/recall/prepare.py --preset micro   # window 16, seconds on a CPU: data/recall_micro/
     python data/recall/prepare.py --context_len 4000 --test_edges 0,128,256,512,1024,2048,3968
 
-An example, as SFT turns (byte tokenizer): "4.7;Qk,9:3.;8Hb!;...;;?Q" -> "k", "?H" -> "b", ...:
-to answer "?Q", copy the letter after "Q" in the filler. A query's distance: its key's position
-minus the context key's. A test example has one query, at a distance in a bucket of --test_edges
-(default: 1-w, w-2w, ..., 8w-16w). A share --last_pair_frac of the training examples (from a
-second random stream) ask first for a pair flush against the query ("...Kv?K", distance 3: the
-needle at depth 1), which scattering almost never places. Deterministic given --seed. --preset
-sets the other options (PRESETS below); one given overrides it.
+An example, as SFT turns: "4.7;Qk,9:3.;8Hb!;...;;?Q" -> "k", "?H" -> "b", ... A test example has
+one query, at a distance (from its key back to the pair) in a bucket of --test_edges (default:
+1-w, w-2w, ..., 8w-16w). A share --last_pair_frac of the training examples, from a second random
+stream, ask first for the pair flush against the query ("...Kv?K", the needle at depth 1). --preset
+sets the other options (PRESETS below), which override it.
 """
 
 import json

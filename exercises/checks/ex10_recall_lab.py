@@ -70,10 +70,9 @@ def trained_run(runs, attn):
     path = Path(str((runs or {}).get(attn) or DEFAULT_RUNS[attn]))
     path = path if path.is_absolute() or runs else REPO / path
     if not (path / "exact_match.json").is_file() or not (path / "ckpt_last.pt").is_file():
-        raise NotReady(f"waiting for its runs: the lab's {attn} run is not there yet (no {path}/"
-                       "exact_match.json). Train both runs (3-4 minutes each on 2 idle CPU cores), "
-                       f"from the repo root:\n    {COMMANDS}\nthen run this check again (or point "
-                       "it at your runs: --runs swa=DIR,orthros=DIR).")
+        raise NotReady(f"waiting for its runs: no {attn} run at {path} yet. Train both (3-4 min. "
+                       f"each on 2 idle CPU cores), from the repo root:\n    {COMMANDS}\nthen "
+                       "check again (or point it at your runs: --runs swa=DIR,orthros=DIR).")
     return path
 
 
