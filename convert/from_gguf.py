@@ -43,8 +43,7 @@ def gguf_to_hf(gguf_file, out_dir):
     try:
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        umask = os.umask(0)  # the only way to read it: set it, then put it back
-        os.umask(umask)
+        os.umask(umask := os.umask(0))  # the only way to read it: set it, then put it back
         for path in tmp.iterdir():  # mkdtemp's folder is 0700, the weights 0600: the usual modes
             path.chmod(0o666 & ~umask)
         tmp.chmod(0o777 & ~umask)

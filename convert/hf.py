@@ -86,10 +86,9 @@ def orthros_config(hf, window, folder):
             vocab_size=need("vocab_size"), n_layer=need("num_hidden_layers"), n_head=H, n_embd=C,
             n_kv_head=hf.get("num_key_value_heads") or H, window=window, attn="orthros",
             max_seq_len=hf.get("max_position_embeddings", 2048), rope_scaling=scaling,
-            rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-            mlp="swiglu", mlp_hidden=need("intermediate_size"),
-            norm_eps=float(hf.get("rms_norm_eps", 1e-6)), head_dim=hf.get("head_dim"),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))), mlp="swiglu",
+            mlp_hidden=need("intermediate_size"), norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            head_dim=hf.get("head_dim"), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qkv_bias=architecture == "Qwen2ForCausalLM", qk_norm=architecture == "Qwen3ForCausalLM")
     except ValueError as e:  # e.g. an odd head size, which RoPE cannot rotate in pairs
         raise ValueError(f"{folder}/config.json does not fit Orthros: {e}") from None

@@ -6,6 +6,7 @@ openai-whisper's sdist on PyPI (tiktoken's own download site is out of many mach
 import base64
 import hashlib
 import importlib
+import itertools
 import json
 import os
 import subprocess
@@ -40,17 +41,13 @@ class ByteTokenizer:
         return list(text.encode("utf-8", errors="surrogatepass"))
 
     def decode(self, ids):
-        # Each run between end tokens decoded on its own: no character spans an end token
-        pieces, run = [], bytearray()
-        for i in ids:
-            if i == self.eot:
-                pieces += [run.decode("utf-8", errors="replace"), self.eot_text]
-                run = bytearray()
-            elif 0 <= i < 256:
-                run.append(i)
-            else:
-                raise ValueError(f"byte tokenizer: id {i} is outside its vocabulary 0..256")
-        return "".join(pieces) + run.decode("utf-8", errors="replace")
+        ids = list(ids)  # the check would spend a generator
+        if bad := [i for i in ids if not 0 <= i <= self.eot]:
+            raise ValueError(f"byte tokenizer: id {bad[0]} is outside its vocabulary 0..256")
+        # each run between end tokens decoded on its own: no character spans an end token
+        return "".join(self.eot_text * len(list(run)) if end else
+                       bytes(run).decode("utf-8", errors="replace")
+                       for end, run in itertools.groupby(ids, lambda i: i == self.eot))
 
 
 class GPT2Tokenizer:

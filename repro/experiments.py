@@ -380,8 +380,7 @@ def step_conversion(S):
     lm_rows["base_transformer"]["steps"] = n_lm
     rows["recall", seeds[0]]["base_transformer"]["steps"] = n_rec
     after = {row: fields["val_loss_after"] for row, fields in lm_rows.items()}
-    save("conversion", {
-        "seeds": seeds, "lm": {"N": n_lm, "M": m_lm, "rows": lm_rows},
+    save("conversion", {"seeds": seeds, "lm": {"N": n_lm, "M": m_lm, "rows": lm_rows},
         "recall": {"N": n_rec, "M": m_rec, "seed": seeds[0], "rows": rows["recall", seeds[0]]},
         "comparisons": [compare(a, b, after[a], after[b], "lm val_loss_after")
                         for a, b in CONVERSION_COMPARISONS]}, S, all_runs)

@@ -92,14 +92,12 @@ def prepare(out_dir=None, tokenizer="byte", val_fraction=0.03, packages=None):
                 docs.append((hashed(f"{package}/{path}"), f"{package}/{path}", text))
     docs.sort()  # by the hash: each split mixes the packages
     val, train = [d for d in docs if d[0] < val_fraction], [d for d in docs if d[0] >= val_fraction]
-    return write_dataset(
-        out_dir or Path(__file__).resolve().parent, get_tokenizer(tokenizer),
+    return write_dataset(out_dir or Path(__file__).resolve().parent, get_tokenizer(tokenizer),
         [text for *_, text in train], [text for *_, text in val],
         source="Debian 12 documentation packages (data/docs/prepare.py PACKAGES); one document per "
                "file; split by sha256 of package/path",
         packages={deb.name: PACKAGES[p][0] for p, deb in debs.items()}, dropped_files=dropped,
-        val_fraction=val_fraction, val_files=[name for _, name, _ in val],
-    )
+        val_fraction=val_fraction, val_files=[name for _, name, _ in val])
 
 
 if __name__ == "__main__":

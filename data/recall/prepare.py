@@ -96,11 +96,10 @@ def prepare(preset="default", out_dir=None, seed=1337, **overrides):
     drawn = [make_example(rng, L, n_queries=p["n_queries"], **shape) for _ in range(p["n_train"])]
     train = [make_example(last_rng, L, n_queries=p["n_queries"], first_distance=LAST_PAIR_DISTANCE,
                           **shape) if i in last else ex for i, ex in enumerate(drawn)]
-    splits = {"train": train, "train_short": [
-        make_example(rng, p["short_context_len"], **shape, n_queries=p["n_short_queries"])
-        for _ in range(p["n_short"])],
-        "val": [make_example(rng, L, n_queries=p["n_queries"], **shape) for _ in range(p["n_val"])],
-        "test": []}
+    short = [make_example(rng, p["short_context_len"], **shape, n_queries=p["n_short_queries"])
+             for _ in range(p["n_short"])]
+    val = [make_example(rng, L, n_queries=p["n_queries"], **shape) for _ in range(p["n_val"])]
+    splits = {"train": train, "train_short": short, "val": val, "test": []}
     for lo, hi in zip(edges, edges[1:]):
         for _ in range(p["n_test_per_bucket"]):
             d = rng.randrange(max(lo, 3), min(hi, L + 2))  # a pair needs 2 tokens

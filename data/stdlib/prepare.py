@@ -48,8 +48,7 @@ def prepare(src_dir=None, out_dir=None, max_files=None, val_fraction=0.1, tokeni
                          f"{len(train)}, val {len(val)}); use more files or change val_fraction")
     # errors="replace": a stray non-UTF-8 file costs a few characters, not the run
     read = lambda rel: (src_dir / rel).read_text(encoding="utf-8", errors="replace")
-    return write_dataset(
-        out_dir or Path(__file__).resolve().parent, get_tokenizer(tokenizer),
+    return write_dataset(out_dir or Path(__file__).resolve().parent, get_tokenizer(tokenizer),
         [read(rel) for rel in train], [read(rel) for rel in val],
         source=f"{what} .py files under {src_dir}, excluding {sorted(EXCLUDED_DIRS)}; one "
                "document per file; split by sha256 of the path",

@@ -15,8 +15,7 @@ REFERENCE = SimpleNamespace(
     blocked_sliding_window_attention=orthros.blocked_sliding_window_attention)
 FORBIDDEN = dict.fromkeys((orthros.reference_attention, orthros.fast_reference_attention,
                            orthros.flex_sliding_window_attention, orthros.sliding_window_block_mask,
-                           orthros.cached_sliding_window_block_mask),
-                          "it computes the windowed attention this exercise asks you to write")
+                           orthros.cached_sliding_window_block_mask), "it computes what you write")
 PAPER, SHAPES, BF16 = "window=128", [(2, 3, 4), (1, 1, 6), (3, 2, 8)], torch.bfloat16   # (B, H, D)
 
 
