@@ -150,8 +150,7 @@ class HFTokenizer:
     def _token_id(self, token, fallback):
         """The id of a token's text (or {"content": text}), else config.json's (first) id."""
         token = token.get("content") if isinstance(token, dict) else token
-        found = self.tokenizer.token_to_id(token) if token else None
-        if found is not None:
+        if (found := self.tokenizer.token_to_id(token) if token else None) is not None:
             return found
         return fallback[0] if isinstance(fallback, list) else fallback
 

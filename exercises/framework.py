@@ -4,9 +4,7 @@ smallest first, the answer and the reference agree on
   values    the output's form (type; shape, dtype, device; length, keys, attributes), then values;
   autograd  requires_grad of each output tensor; the gradients of the floating inputs and weights;
   repeats   a call after the caller changed the first output, and after the inputs changed in place.
-Then the checker's PROPERTIES, then its after_pass summary. The reference and FORBIDDEN raise
-while the answer runs, however reached; a file importing from exercises/ is refused.
-"""
+Then PROPERTIES, then after_pass. The reference and FORBIDDEN raise while the answer runs."""
 
 import ast
 import collections
@@ -56,10 +54,9 @@ POOL, REPEATS = 300, 2   # random draws the inputs are picked from; inputs calle
 
 
 class Domain:
-    """Each parameter's values: a list (a value listed n times is drawn n times as often) or a
-    function of the ones before. The inputs hold every value, every two values of each of `pairs`
-    (True: all), and `draws` random ones; build(seed, **params) -> the other arguments. Read here:
-    dtype (of floating inputs), place (their device), default (the default device in the call)."""
+    """Each parameter's values: a list (a value listed twice is drawn twice as often) or a function
+    of the ones before; the inputs hold every value, every two of `pairs` (True: all) and `draws`
+    random ones. build(seed, **params) -> the other arguments; dtype, place, default: read here."""
 
     def __init__(self, build=None, pairs=(), draws=10, **params):
         self.build, self.pairs, self.draws, self.params = build, pairs, draws, params

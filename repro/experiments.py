@@ -221,10 +221,6 @@ def compare(a, b, a_stats, b_stats, metric):
             "per_seed_diffs": per_seed, "same_sign_every_seed": same_sign if per_seed[1:] else None}
 
 
-def seed_list(S):
-    return [FIRST_SEED + i for i in range(S["seeds"])]
-
-
 def lm_runs(S, seeds, names=tuple(LM_MODELS)):
     return {(name, seed): Run(S["out"] / f"lm-{name}-seed{seed}",
                               f"{S['lm']} {LM_MODELS[name]} --seed {seed}".split())
@@ -233,7 +229,7 @@ def lm_runs(S, seeds, names=tuple(LM_MODELS)):
 
 def recall_runs(S, names=RECALL_MODELS):
     """The recall models, first seed only."""
-    seed = seed_list(S)[0]
+    seed = S["seeds"][0]
     ensure_prepared(S["recall_data"])  # once, before the concurrent runs would each try
     return {attn: Run(S["out"] / f"recall-{attn}-seed{seed}",
                       f"{S['recall']} --attn {attn} --seed {seed}".split(), exact_match=True)
@@ -251,7 +247,7 @@ def save(name, obj, S, runs=()):
 
 def step_lm(S):
     """The four models on the default corpus, equal tokens: val-loss curves, final losses."""
-    seeds = seed_list(S)
+    seeds = S["seeds"]
     ensure_prepared("stdlib")  # once, before the concurrent runs would each try
     runs = lm_runs(S, seeds)
     launch(runs.values(), S)
@@ -280,7 +276,7 @@ def step_recall(S):
     launch(runs.values(), S)
     accuracy = {attn: read_json(run.out_dir / "exact_match.json") for attn, run in runs.items()}
     window = load_checkpoint(runs["orthros"].out_dir / "ckpt_last.pt")["model_config"]["window"]
-    save("recall", {"seed": seed_list(S)[0], "window": window, "accuracy": accuracy}, S,
+    save("recall", {"seed": S["seeds"][0], "window": window, "accuracy": accuracy}, S,
          runs.values())
 
 
@@ -357,7 +353,7 @@ def conversion_runs(S, task, base, seed):
 
 def step_conversion(S):
     """Table 2 from the lm Transformers (one a seed) and the recall one; M = N/4 more steps."""
-    seeds = seed_list(S)
+    seeds = S["seeds"]
     ensure_prepared("stdlib")
     bases = {("lm", seed): run for (_, seed), run in lm_runs(S, seeds, ["transformer"]).items()}
     bases["recall", seeds[0]] = recall_runs(S, ["transformer"])["transformer"]
@@ -398,7 +394,7 @@ def parse_sample_json(stdout):
 
 def step_inference(S):
     """sample.py's time to first token and decode speed on the lm models (first seed)."""
-    runs = lm_runs(S, seed_list(S)[:1])
+    runs = lm_runs(S, S["seeds"][:1])
     launch(runs.values(), S)
     decoders = ["naive", "fast"] if pick_device() == "cuda" else ["naive"]
     files = sorted(Path(sys.prefix).rglob("*.py"))[:400]
@@ -419,7 +415,7 @@ def step_inference(S):
             r = parse_sample_json(done.stdout)
             rows.append({"model": name, **{k: r[k] for k in keep}})
             print(rows[-1], flush=True)
-    save("inference", {"seed": seed_list(S)[0], "sample_commands": cmds, "rows": rows}, S,
+    save("inference", {"seed": S["seeds"][0], "sample_commands": cmds, "rows": rows}, S,
          runs.values())
 
 
@@ -476,7 +472,7 @@ def gap_compare(evals, a, b, seeds):
 
 def step_gap(S):
     """GAP_GROUPS' runs, all at once; results/gap.json every 30 s and however it ends."""
-    seeds = seed_list(S)
+    seeds = S["seeds"]
     for name in ("shakespeare_char", S["gap_src"]):
         if os.sep not in name:
             ensure_prepared(name)  # once, before the concurrent runs would each try
@@ -682,8 +678,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.parallel < 0:
         parser.error("--seeds must be >= 1 and --parallel >= 0")
-    S = {"name": args.scale, **SCALES[args.scale], "seeds": args.seeds,
-         "out": Path("out") / f"exp-{args.scale}",
+    S = {"name": args.scale, **SCALES[args.scale], "out": Path("out") / f"exp-{args.scale}",
+         "seeds": [FIRST_SEED + i for i in range(args.seeds)],
          "parallel": args.parallel or (0 if pick_device() == "cuda" else 1),
          "deadline": None if args.time_limit is None else t_start + args.time_limit}
     for name in (list(STEPS) if "all" in args.steps else args.steps):

@@ -74,9 +74,8 @@ def val_documents(data_dir, n_docs, seq_len):
 
 def passkey_prompts(tokenizer, keys_per_cell=KEYS_PER_CELL, seed=0, lengths=LENGTHS):
     """(length, depth, key, distance from the key to the end, ids), keys_per_cell a cell."""
-    rng, filler = random.Random(seed), tokenizer.encode(FILLER)
-    intro, question = tokenizer.encode(INTRO), tokenizer.encode(QUESTION)
-    prompts = []
+    rng, prompts = random.Random(seed), []
+    filler, intro, question = map(tokenizer.encode, (FILLER, INTRO, QUESTION))
     for length, depth, _ in itertools.product(lengths, DEPTHS, range(keys_per_cell)):
         key = str(rng.randint(10000, 99999))
         needle = tokenizer.encode(NEEDLE.format(key))
@@ -171,13 +170,11 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("step", choices=["eval", "cpt", "plot", "prefill"],
                         help="plot: cpt's plot again, from --out_dir's cpt.json alone")
-    parser.add_argument("--hf", default=str(SMOLLM2_DIR),
-                        help="the Hugging Face folder (python convert/from_gguf.py writes it)")
+    parser.add_argument("--hf", default=str(SMOLLM2_DIR), help="the folder from_gguf.py writes")
     parser.add_argument("--window", type=int, default=128)
     parser.add_argument("--docs", type=int, default=16, help="held-out documents for the loss")
     parser.add_argument("--seq_len", type=int, default=2048)
-    parser.add_argument("--keys", type=int, default=KEYS_PER_CELL,
-                        help="passkey: keys per (length, depth)")
+    parser.add_argument("--keys", type=int, default=KEYS_PER_CELL, help="per (length, depth)")
     group = parser.add_argument_group("cpt")
     group.add_argument("--data", default=str(REPO / "data" / "docs"), help="a prepared dataset")
     group.add_argument("--attns", default=",".join(ATTNS), help="the models to train")

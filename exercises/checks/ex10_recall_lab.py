@@ -41,9 +41,8 @@ def made_up_run(seed, attn, window, n_layer, cut, path, **_):
 
 DOMAIN = {"recall_summary": Domain(
     made_up_run, pairs=[("path", "attn"), ("cut", "window")], attn=["swa", "orthros"],
-    cut=["at the window and the reach", "across"],
-    window=[2, 3, 4, 8, 32, 128], n_layer=lambda window: [12] if window == 128 else [1, 2, 3, 4],
-    path=["str", "pathlib.Path"])}
+    cut=["at the window and the reach", "across"], window=[2, 3, 4, 8, 32, 128],
+    n_layer=lambda window: [12] if window == 128 else [1, 2, 3, 4], path=["str", "pathlib.Path"])}
 
 
 def trained_runs(answer, runs=None, **options):
