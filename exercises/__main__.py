@@ -1,14 +1,10 @@
-"""The exercises' command line.
+"""The exercises' command line (the syllabus: exercises/README.md).
 
     python -m exercises list            the exercises, their files and difficulty
     python -m exercises start 4         your copy of exercise 4: exercises/mine/ex04_algorithm1.py
     python -m exercises check 4         check your copy of exercise 4 (check all: every exercise)
     python -m exercises hint 4          the first hint of exercise 4; `hint 4 2` the second, ...
     python -m exercises show mask       the attention pattern of Figure 1, from orthros.py
-
-Your answers live in exercises/mine/ (git ignores it). The recall lab (exercise 10) reads two runs:
---runs swa=DIR,orthros=DIR (or ORTHROS_RECALL_RUNS), by default out/lab-recall-swa and -orthros.
-The syllabus, and what the checker refuses: exercises/README.md.
 """
 
 import argparse
@@ -21,6 +17,7 @@ import textwrap
 
 from exercises import framework
 from exercises.framework import EXERCISES, MINE, STUBS, Result, load_spec, relpath
+
 
 class Parser(argparse.ArgumentParser):
     """argparse, with its errors on one line (no usage block)."""
@@ -69,14 +66,21 @@ def run(argv):
                    help="where to write the picture (needs matplotlib); '' for none")
     args = parser.parse_args(argv)
     if args.command in ("list", "hint", "solution", "new", "show"):
+        from exercises.show import show_mask
         return {"list": lambda: list_exercises(), "hint": lambda: hint(args.n, args.k),
                 "new": lambda: new(args.name), "solution": lambda: solution(args.n, args.teacher),
-                "show": lambda: show(args)}[args.command]()
-    which = list(EXERCISES) if args.which.lower() == "all" else [
-        number_or_error(args.which, parser, args.command)]
+                "show": lambda: show_mask(args.T, args.w, args.t_out, args.png)}[args.command]()
+    try:
+        which = list(EXERCISES) if args.which.lower() == "all" else [exercise_number(args.which)]
+    except argparse.ArgumentTypeError as e:
+        parser.error(f"{args.command}: {e}, or all")
     if args.command == "start":
         return start(which)
-    return run_checks(which, args.solution, parse_runs(args.runs, parser))
+    try:
+        runs = dict(item.split("=", 1) for item in args.runs.split(",")) if args.runs else None
+    except ValueError:
+        parser.error(f"--runs {args.runs!r}: write it as swa=DIR,orthros=DIR")
+    return run_checks(which, args.solution, runs)
 
 
 def argument(test, what):
@@ -96,37 +100,19 @@ exercise_name = argument(lambda t: re.fullmatch(r"[a-z][a-z0-9_]*", t), "a name 
                          "lower-case letters, digits and _")
 
 
-def number_or_error(text, parser, command):
-    try:
-        return exercise_number(text)
-    except argparse.ArgumentTypeError as e:
-        parser.error(f"{command}: {e}, or all")
-
-
-def parse_runs(text, parser):
-    try:
-        return dict(item.split("=", 1) for item in text.split(",")) if text else None
-    except ValueError:
-        parser.error(f"--runs {text!r}: write it as swa=DIR,orthros=DIR")
-
-
 def list_exercises():
     print(f"{'#':>2}  {'exercise':<36} {'kind':<17} {'difficulty':<10} {'minutes':>7}  your file")
     for n, name in EXERCISES.items():
         spec, mine = load_spec(n), MINE / f"{name}.py"
         where = relpath(mine) if mine.is_file() else f"(python -m exercises start {n})"
-        print(f"{n:>2}  {spec.TITLE:<36} {kind(spec):<17} {'*' * spec.DIFFICULTY:<10} "
+        kind = " + ".join(dict.fromkeys(  # "replace": the reference is the repo's own function
+            "build" if getattr(spec.REFERENCE, f).__module__.startswith("exercises") else "replace"
+            for f in spec.FUNCTIONS))
+        print(f"{n:>2}  {spec.TITLE:<36} {kind:<17} {'*' * spec.DIFFICULTY:<10} "
               f"{spec.MINUTES:>7}  {where}")
     print("\npython -m exercises start N makes your copy; check N checks it; hint N gives a hint. "
           "The syllabus: exercises/README.md")
     return 0
-
-
-def kind(spec):
-    """"replace" where the reference is the repo's own function, "build" where the checker's."""
-    modules = [getattr(spec.REFERENCE, f).__module__ for f in spec.FUNCTIONS]
-    return " + ".join(dict.fromkeys("build" if m.startswith("exercises") else "replace"
-                                    for m in modules))
 
 
 def start(which):
@@ -163,21 +149,12 @@ def hint(n, k):
 def solution(n, teacher):
     if not teacher:
         print(f"A student learns more from `python -m exercises hint {n} 2` (the shapes or "
-              f"pseudocode) than from the answer. Teachers: python -m exercises solution {n} "
-              "--show",
-              file=sys.stderr)
+              f"pseudocode). Teachers: python -m exercises solution {n} --show", file=sys.stderr)
         return 1
     print(f"# Exercise {n}, {load_spec(n).TITLE}: the reference solution as a whole file (what "
           f"exercises/mine/{EXERCISES[n]}.py could hold)\n")
     print(framework.solved_source(load_spec(n)))
     return 0
-
-
-def show(args):
-    from exercises.show import show_mask
-    if args.png:
-        os.makedirs(os.path.dirname(os.path.abspath(args.png)), exist_ok=True)
-    return show_mask(args.T, args.w, args.t_out, args.png)
 
 
 def run_checks(which, use_solution, runs):
@@ -243,12 +220,8 @@ def new(name):
     return 0
 
 
-STUB = '''"""Exercise NN: the output positions. Which positions carry an output token?
-
-Orthros predicts the next token at the last t_out of the T positions of a sequence: each of
-them gets an output token, its twin (the paper's section 3.2). Write the list of them.
-
-    python -m exercises start NN     python -m exercises check NN     python -m exercises hint NN
+STUB = '''"""Exercise NN: the output positions. Which positions carry an output token (the twin
+of each of the last t_out of T, the paper's section 3.2)?
 """
 
 
@@ -267,8 +240,7 @@ from exercises.solutions import STEM as solution
 
 TITLE, DIFFICULTY, MINUTES = "The output positions", 1, 10
 FUNCTIONS = ("output_positions",)
-REFERENCE = solution   # the stored solution: its functions
-PAPER = "T=2048"
+REFERENCE, PAPER = solution, "T=2048"
 DOMAIN = {"output_positions": Domain(pairs=True, T=[1, 2, 5, 2048],
                                      t_out=lambda T: sorted({1, 2, T - 1, T} - {0, T + 1}))}
 ALSO_RIGHT = "def output_positions(T, t_out):\\n    return [T - t_out + i for i in range(t_out)]\\n"

@@ -1,15 +1,10 @@
-"""The checker every exercise shares: one contract, on every function of every exercise. Inputs
-drawn from the function's Domain with a fixed seed, smallest first; on each, the answer and the
-reference agree on:
-  inputs    every argument as the reference leaves it (unchanged, but what the reference updates);
+"""The checker every exercise shares: one contract. On inputs drawn from each function's Domain,
+smallest first, the answer and the reference agree on
+  inputs    every argument as the reference leaves it;
   values    the output's form (type; shape, dtype, device; length, keys, attributes), then values;
   autograd  requires_grad of each output tensor; the gradients of the floating inputs and weights;
-  repeats   a call after the caller changed the first output in place, and after the inputs
-            changed in place (new values in the same tensors, modules, folders).
-A crash is a FAIL naming the input. Then the checker's PROPERTIES (what no reference call shows),
-then its after_pass summary. The reference and FORBIDDEN raise while the answer runs, however they
-are reached; a file importing from exercises/ is refused.
-"""
+  repeats   a call after the caller changed the first output, and after the inputs changed in place.
+Then PROPERTIES, then after_pass. The reference and FORBIDDEN raise while the answer runs."""
 
 import ast
 import collections
@@ -59,11 +54,9 @@ POOL, REPEATS = 300, 2   # random draws the inputs are picked from; inputs calle
 
 
 class Domain:
-    """A function's inputs, as data: each parameter's values, a list or a function of the ones
-    before (a value listed n times is drawn n times as often). The inputs hold every value, every
-    two values of each of `pairs` (True: all), and `draws` random ones. build(seed, **params) ->
-    the arguments not among params, random by seed. The framework reads: dtype (floating inputs
-    converted), place (inputs moved there), default (the default device during the call)."""
+    """Each parameter's values: a list (a value listed twice is drawn twice as often) or a function
+    of the ones before; the inputs hold every value, every two of `pairs` (True: all) and `draws`
+    random ones. build(seed, **params) -> the other arguments; dtype, place, default: read here."""
 
     def __init__(self, build=None, pairs=(), draws=10, **params):
         self.build, self.pairs, self.draws, self.params = build, pairs, draws, params
@@ -90,8 +83,7 @@ def stub_source(spec, folder=None):
     return ((folder or STUBS) / f"{spec.__name__.rsplit('.', 1)[-1]}.py").read_text()
 
 
-def solved_source(spec):
-    return stub_source(spec, SOLUTIONS)
+solved_source = functools.partial(stub_source, folder=SOLUTIONS)
 
 
 def hints(spec):
@@ -135,8 +127,7 @@ def load_answer(spec, source, filename):
 
 
 def refused_functions(spec):
-    """{function: why}: the reference's and FORBIDDEN's, unwrapped (a decorated method's own code);
-    a FORBIDDEN "module:name" once that module is imported (the checker need not import it)."""
+    """{function: why}: the reference's and FORBIDDEN's ("module:name" once that module is in)."""
     found = {inspect.unwrap(getattr(spec.REFERENCE, f)): "the reference answer of this exercise"
              for f in spec.FUNCTIONS}
     for fn, why in getattr(spec, "FORBIDDEN", {}).items():
@@ -178,8 +169,7 @@ def guarding(spec):
 
 
 def guarded(spec, answer):
-    """The answer's functions under the guard: what they raise is the answer's; so is a refusal
-    they caught."""
+    """The answer's functions under the guard: what they raise, or a refusal caught, is theirs."""
     def wrap(fn):
         @functools.wraps(fn)
         def answer_function(*args, **kwargs):
@@ -200,8 +190,7 @@ def guarded(spec, answer):
 
 @contextlib.contextmanager
 def crashes(what):
-    """Around checker code that runs the answer or uses its output: what the answer raises fails
-    it, as "{what}: ..." (the stub's bare NotImplementedError: not started)."""
+    """What the answer raises fails it as "{what}: ..." (a bare NotImplementedError: not begun)."""
     try:
         yield
     except Exception as e:
@@ -291,9 +280,7 @@ def reference(spec, name, params, seed=0):
 
 
 def observe(fn, inputs, params):
-    """fn on inputs: its output, the inputs before and after, the gradients of the floating inputs
-    and weights where the output requires grad (in float64, inputs up to 1e3: no saturated
-    softmax). What it raises is fn's."""
+    """fn's output, inputs before and after, gradients (float64, inputs <= 1e3: no saturation)."""
     try:
         before = snapshot(inputs)
         torch.manual_seed(0)   # dropout: the same masks for the reference and the answer
@@ -365,8 +352,7 @@ def repeat(spec, name, fn, params, inputs, mine, at):
 
 
 def draws(domain, seed=0):
-    """The domain's inputs: of POOL random draws, greedily those holding values (and pairs of
-    values) not held yet, then `draws` random ones; smallest first, those on meta last."""
+    """Greedily the POOL draws holding values (and pairs) not held yet, then `draws` random ones."""
     rng, names = random.Random(seed), list(domain.params)
     pairs = list(itertools.combinations(names, 2)) if domain.pairs is True else domain.pairs
 
@@ -391,8 +377,7 @@ def draws(domain, seed=0):
 
 
 def make(spec, name, params, seed=0):
-    """The call's arguments for params: on params' place, in its dtype, floating tensors leaves that
-    require grad, strings made at run time (`is` against a literal is False, as for one read)."""
+    """The call's arguments for params (strings made at run time: `is` a literal is False)."""
     domain, names = spec.DOMAIN[name], inspect.signature(getattr(spec.REFERENCE, name)).parameters
     inputs = {**params, **(domain.build(seed=seed, **params) if domain.build else {})}
     return {k: fresh(inputs[k], params) for k in names if k in inputs}
@@ -430,8 +415,7 @@ def spoil(out):
 
 
 def assign(old, new):
-    """new's contents put into old, in place where old can change: tensors, modules, containers,
-    an object's attributes, a folder's files. Returns what old's holder holds now."""
+    """new's contents put into old, in place where old can change; what old's holder holds now."""
     if isinstance(old, torch.Tensor):
         old.data = new.data
     elif isinstance(old, nn.Module):
@@ -457,8 +441,7 @@ GONE = object()   # what is at a path that is not there
 
 
 def flat(x, path=""):
-    """x as {path: value}: a tensor's copy and requires_grad, a value, a container's type and parts
-    (a module's: weights, its submodules' public attributes and hooks; an object's: attributes)."""
+    """x as {path: value}: a tensor's copy and requires_grad, a value, a container's parts."""
     if isinstance(x, torch.Tensor):
         return {path: x.detach() if x.is_meta else x.detach().clone(),
                 f"{path}.requires_grad": x.requires_grad}
@@ -492,8 +475,7 @@ def is_object(x):
 
 
 def difference(out, ref, label="your output"):
-    """What differs between out and ref, in words, or None: the form (type; a tensor's shape, dtype,
-    device; a container's length or keys; an object's attributes), then values (to TOLERANCE)."""
+    """What differs between out and ref, in words, or None: the form, then values (to TOLERANCE)."""
     if is_object(ref) and type(out) is type(ref):
         out, ref = flat(out), flat(ref)
     if isinstance(ref, torch.Tensor) and isinstance(out, torch.Tensor):
@@ -596,8 +578,8 @@ def not_started(path, error=None):
 # What the checks share: tiny models drawn in float64, inputs, a model with the answer patched in
 
 def tiny_model(attn="orthros", seed=0, **overrides):
-    """A tiny model in eval mode, drawn in float64, vectors and conv moved; up to 64 channels, W_Q,
-    W_K, W_O at 16 times GPT-2's init: attention sharp enough that positions move the logits."""
+    """A tiny float64 model in eval mode, vectors and conv moved; up to 64 channels, W_Q, W_K, W_O
+    at 16 times GPT-2's init: attention sharp enough that positions move the logits."""
     config = orthros.OrthrosConfig(**{**dict(vocab_size=37, n_layer=2, n_head=2, n_embd=16,
                                              window=4, attn=attn, max_seq_len=512), **overrides})
     default = torch.get_default_dtype()
@@ -655,14 +637,17 @@ def randn(*shape, seed=0):
     return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
 
 
-def patched_logits(models, **patch):
-    """How each (attn, swa_impl, T, w, t_out) model's logits differ with patch in orthros.py."""
-    for attn, swa_impl, T, w, t_out in models:
-        model, idx = tiny_model(attn, window=w, swa_impl=swa_impl), tokens(2, T)
-        with torch.no_grad():
-            right = model(idx, t_out=t_out)[0]
-            with mock.patch.multiple(orthros, **patch):
-                problem = difference(model(idx, t_out=t_out)[0], right, "the logits")
-        if problem:
-            return (f"a model's logits with yours patched into orthros.py (attn={attn!r}, swa_impl="
-                    f"{swa_impl!r}, T={T}, w={w}, t_out={t_out}): {problem}")
+def whole_models(*models):
+    """A property: (attn, swa_impl, T, w, t_out) models with the answer patched into orthros.py."""
+    def whole_models(answer, **options):
+        """whole models with yours patched into orthros.py"""
+        for attn, swa_impl, T, w, t_out in models:
+            model, idx = tiny_model(attn, window=w, swa_impl=swa_impl), tokens(2, T)
+            with torch.no_grad():
+                right = model(idx, t_out=t_out)[0]
+                with mock.patch.multiple(orthros, **vars(answer)):
+                    problem = difference(model(idx, t_out=t_out)[0], right, "the logits")
+            if problem:
+                return (f"a model's logits with yours patched into orthros.py (attn={attn!r}, "
+                        f"swa_impl={swa_impl!r}, T={T}, w={w}, t_out={t_out}): {problem}")
+    return whole_models

@@ -10,12 +10,8 @@ The paper's claims at classroom scale, through train.py and sample.py as a user 
     python repro/experiments.py recall niah --scale cpu     # recall_tiny (window 32): CPU minutes
     python repro/experiments.py all --scale tiny --seeds 2  # every step, tiny: a smoke test
 
-A step trains what it needs (--parallel at once; default: all on a GPU, one by one on CPU) into
-out/exp-<scale>/ and writes results/<step>.json (<step>_<scale>.json below the GPU scale) with
-the commands, device, torch version, date and commit. --seeds N: seeds 1337 ... 1336 + N for lm
-and conversion, mean and sample std; the other steps use the first seed. The same command again
-continues: finished runs are skipped, others resumed or restarted. --time_limit S (or SIGTERM)
-stops the trainings, which save their checkpoints.
+A step trains into out/exp-<scale>/ and writes results/<step>[_<scale>].json. The same command
+again skips finished runs and resumes the others; --time_limit (or SIGTERM) stops them.
 """
 
 import argparse
@@ -96,9 +92,7 @@ class Run:
 
 
 def run_state(run):
-    """'done', 'resume' (a checkpoint short of the last step, or the exact match missing),
-    'overwrite' (files but no checkpoint: it died before its first save) or 'fresh'. A folder of
-    a run with other arguments is an error: nothing overwrites another run."""
+    """'done', 'resume', 'overwrite' or 'fresh'; a folder of a run with other arguments: error."""
     results_written = not run.exact_match or (run.out_dir / "exact_match.json").exists()
     if (run.out_dir / "ckpt_last.pt").exists():
         ckpt = load_checkpoint(run.out_dir / "ckpt_last.pt")
@@ -116,14 +110,12 @@ def run_state(run):
     return "overwrite" if run.out_dir.is_dir() and any(run.out_dir.iterdir()) else "fresh"
 
 
-class Stop(Exception):
-    """(why, exit status): a failed run, SIGTERM or --time_limit stops the trainings."""
+Stop = type("Stop", (Exception,), {})  # (why, exit status): a failed run, SIGTERM, --time_limit
 
 
-def run_all(jobs, parallel, deadline, keep_going=False, tick=None):
-    """Run the (command, log path) jobs, `parallel` at a time. On a failure (unless keep_going),
-    SIGTERM or the deadline, the running trainings get SIGTERM (train.py saves ckpt_last.pt) and
-    this process exits: the same command continues them. tick() is called twice a second."""
+def run_all(jobs, parallel, deadline, keep_going=False, tick=lambda: None):
+    """The (command, log path) jobs, `parallel` at a time; a failure (unless keep_going), SIGTERM or
+    the deadline passes SIGTERM on (train.py saves ckpt_last.pt) and exits. tick(): every 0.5 s."""
     pending, running = list(jobs), []
     threads = (os.cpu_count() or 1) // max(1, min(parallel, len(jobs)))
     env = {"OMP_NUM_THREADS": str(max(1, threads)), **os.environ}
@@ -149,8 +141,7 @@ def run_all(jobs, parallel, deadline, keep_going=False, tick=None):
                     if not keep_going:
                         raise Stop(why, 1)
                     print(why, file=sys.stderr, flush=True)
-            if tick is not None:
-                tick()
+            tick()
             time.sleep(0.5)
     except Stop as stop:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut this short
@@ -191,8 +182,7 @@ def launch(runs, S, **run_all_options):
 
 
 def read_evals(out_dir):
-    """{step: evaluation record} of log.jsonl: the later of a step logged twice (resumed), without
-    a line cut short by a kill."""
+    """{step: evaluation record} of log.jsonl: a resumed step's later one, no line cut by a kill."""
     evals = {}
     for line in open(Path(out_dir) / "log.jsonl"):
         try:
@@ -220,9 +210,7 @@ def stats(values):
 
 
 def compare(a, b, a_stats, b_stats, metric):
-    """Is a - b larger than the seeds' spread? The difference of the means against std_a + std_b,
-    and the per-seed differences (seed i of a against seed i of b: the same training and
-    evaluation batches, and in conversion the same base model)."""
+    """Is a - b larger than the seeds' spread (std_a + std_b), and seed by seed?"""
     diff = a_stats["mean"] - b_stats["mean"]
     per_seed = [x - y for x, y in zip(a_stats["values"], b_stats["values"])]
     one_seed = a_stats["std"] is None or b_stats["std"] is None
@@ -233,10 +221,6 @@ def compare(a, b, a_stats, b_stats, metric):
             "per_seed_diffs": per_seed, "same_sign_every_seed": same_sign if per_seed[1:] else None}
 
 
-def seed_list(S):
-    return [FIRST_SEED + i for i in range(S["seeds"])]
-
-
 def lm_runs(S, seeds, names=tuple(LM_MODELS)):
     return {(name, seed): Run(S["out"] / f"lm-{name}-seed{seed}",
                               f"{S['lm']} {LM_MODELS[name]} --seed {seed}".split())
@@ -244,8 +228,8 @@ def lm_runs(S, seeds, names=tuple(LM_MODELS)):
 
 
 def recall_runs(S, names=RECALL_MODELS):
-    """The recall models, first seed only (the recall and niah steps, the recall conversion)."""
-    seed = seed_list(S)[0]
+    """The recall models, first seed only."""
+    seed = S["seeds"][0]
     ensure_prepared(S["recall_data"])  # once, before the concurrent runs would each try
     return {attn: Run(S["out"] / f"recall-{attn}-seed{seed}",
                       f"{S['recall']} --attn {attn} --seed {seed}".split(), exact_match=True)
@@ -253,7 +237,7 @@ def recall_runs(S, names=RECALL_MODELS):
 
 
 def save(name, obj, S, runs=()):
-    """results/<name>.json at the GPU scale, results/<name>_<scale>.json below it, atomically."""
+    """results/<name>.json at the GPU scale, results/<name>_<scale>.json below it."""
     path = RESULTS / (f"{name}.json" if S["name"] == "gpu" else f"{name}_{S['name']}.json")
     obj = {"meta": {**run_meta(pick_device()), "commands": [shlex.join(r.cmd) for r in runs]},
            **obj}
@@ -263,7 +247,7 @@ def save(name, obj, S, runs=()):
 
 def step_lm(S):
     """The four models on the default corpus, equal tokens: val-loss curves, final losses."""
-    seeds = seed_list(S)
+    seeds = S["seeds"]
     ensure_prepared("stdlib")  # once, before the concurrent runs would each try
     runs = lm_runs(S, seeds)
     launch(runs.values(), S)
@@ -292,7 +276,7 @@ def step_recall(S):
     launch(runs.values(), S)
     accuracy = {attn: read_json(run.out_dir / "exact_match.json") for attn, run in runs.items()}
     window = load_checkpoint(runs["orthros"].out_dir / "ckpt_last.pt")["model_config"]["window"]
-    save("recall", {"seed": seed_list(S)[0], "window": window, "accuracy": accuracy}, S,
+    save("recall", {"seed": S["seeds"][0], "window": window, "accuracy": accuracy}, S,
          runs.values())
 
 
@@ -314,8 +298,7 @@ def niah_examples(context_lens, depths, n_per_cell, task_params, tokenizer):
 
 
 def niah_accuracy(ckpt, examples, max_len, device):
-    """Exact match per bucket, greedy through the KV cache (bf16 autocast on CUDA, as train.py's).
-    The blocked window is exact and compiles nothing for each new length (flex would)."""
+    """Exact match per bucket, greedy (bf16 on CUDA); blocked: flex would compile every length."""
     model = model_from_checkpoint(ckpt, max_seq_len=max_len, swa_impl="blocked").to(device).eval()
 
     @torch.no_grad()
@@ -355,8 +338,7 @@ def step_niah(S, depths=NIAH_DEPTHS):
 
 
 def conversion_runs(S, task, base, seed):
-    """Table 2's rows from a base Transformer: (a) converted, M more steps; (b) Base CPT, M more
-    steps; (c) converted, no training."""
+    """Table 2's rows: (a) converted, M more steps; (b) Base CPT, M more; (c) converted, no more."""
     n_steps = load_checkpoint(base.out_dir / "ckpt_last.pt")["step"]
     m_steps = max(1, int(n_steps * S["cont_frac"]))
     args = [*S[task].split(), "--init_from", str(base.out_dir / "ckpt_last.pt"),
@@ -370,9 +352,8 @@ def conversion_runs(S, task, base, seed):
 
 
 def step_conversion(S):
-    """Table 2 at toy scale. The bases: the lm Transformers after N steps (one per seed) and the
-    recall Transformer (first seed); from each, rows (a), (b), (c) with M = N/4 more steps."""
-    seeds = seed_list(S)
+    """Table 2 from the lm Transformers (one a seed) and the recall one; M = N/4 more steps."""
+    seeds = S["seeds"]
     ensure_prepared("stdlib")
     bases = {("lm", seed): run for (_, seed), run in lm_runs(S, seeds, ["transformer"]).items()}
     bases["recall", seeds[0]] = recall_runs(S, ["transformer"])["transformer"]
@@ -395,15 +376,14 @@ def step_conversion(S):
     lm_rows["base_transformer"]["steps"] = n_lm
     rows["recall", seeds[0]]["base_transformer"]["steps"] = n_rec
     after = {row: fields["val_loss_after"] for row, fields in lm_rows.items()}
-    save("conversion", {
-        "seeds": seeds, "lm": {"N": n_lm, "M": m_lm, "rows": lm_rows},
+    save("conversion", {"seeds": seeds, "lm": {"N": n_lm, "M": m_lm, "rows": lm_rows},
         "recall": {"N": n_rec, "M": m_rec, "seed": seeds[0], "rows": rows["recall", seeds[0]]},
         "comparisons": [compare(a, b, after[a], after[b], "lm val_loss_after")
                         for a, b in CONVERSION_COMPARISONS]}, S, all_runs)
 
 
 def parse_sample_json(stdout):
-    """The measurements of `sample.py --json`: one JSON object, the last line of its stdout."""
+    """`sample.py --json`'s measurements: the last line of its stdout."""
     lines = stdout.strip().splitlines()
     try:
         return json.loads(lines[-1])
@@ -413,9 +393,8 @@ def parse_sample_json(stdout):
 
 
 def step_inference(S):
-    """sample.py's time to first token and decode speed on the LM models (first seed), naive
-    decoder and, on CUDA, the fast one."""
-    runs = lm_runs(S, seed_list(S)[:1])
+    """sample.py's time to first token and decode speed on the lm models (first seed)."""
+    runs = lm_runs(S, S["seeds"][:1])
     launch(runs.values(), S)
     decoders = ["naive", "fast"] if pick_device() == "cuda" else ["naive"]
     files = sorted(Path(sys.prefix).rglob("*.py"))[:400]
@@ -436,7 +415,7 @@ def step_inference(S):
             r = parse_sample_json(done.stdout)
             rows.append({"model": name, **{k: r[k] for k in keep}})
             print(rows[-1], flush=True)
-    save("inference", {"seed": seed_list(S)[0], "sample_commands": cmds, "rows": rows}, S,
+    save("inference", {"seed": S["seeds"][0], "sample_commands": cmds, "rows": rows}, S,
          runs.values())
 
 
@@ -479,8 +458,7 @@ def gap_summary(evals, max_iters):
 
 
 def gap_compare(evals, a, b, seeds):
-    """a - b in best val loss, seed by seed, each over the steps both runs reached (a run cut short
-    by the time limit still pairs with its twin); the mean and std of the differences."""
+    """a - b in best val loss seed by seed, over the steps both reached; their mean and std."""
     per_seed = {}
     for seed in seeds:
         ea, eb = evals.get((a, seed), {}), evals.get((b, seed), {})
@@ -493,10 +471,8 @@ def gap_compare(evals, a, b, seeds):
 
 
 def step_gap(S):
-    """The Transformer and Orthros in the regimes of GAP_GROUPS, all at once, --seeds seeds.
-    Writes results/gap.json every 30 s while they train and at the end, also when --time_limit or
-    a failed run stops them: what the runs have logged is never lost."""
-    seeds = seed_list(S)
+    """GAP_GROUPS' runs, all at once; results/gap.json every 30 s and however it ends."""
+    seeds = S["seeds"]
     for name in ("shakespeare_char", S["gap_src"]):
         if os.sep not in name:
             ensure_prepared(name)  # once, before the concurrent runs would each try
@@ -513,11 +489,10 @@ def step_gap(S):
         evals = {key: e for key, e in evals.items() if len(e) > 1}  # evaluated after step 0
         summary = {f"{arm} seed{seed}": gap_summary(e, int(runs[arm, seed].given["max_iters"]))
                    for (arm, seed), e in evals.items()}
-        arms = {}
-        for arm, seed in evals:
-            arms.setdefault(arm, []).append(summary[f"{arm} seed{seed}"]["best_val"])
+        best = {arm: [s["best_val"] for key, s in summary.items() if key.startswith(f"{arm} ")]
+                for arm, _ in evals}
         save("gap", {"seeds": seeds, "groups": GAP_GROUPS,
-                     "best_val_loss": {arm: stats(values) for arm, values in arms.items()},
+                     "best_val_loss": {arm: stats(values) for arm, values in best.items()},
                      "comparisons": [gap_compare(evals, a, b, seeds) for a, b in GAP_COMPARISONS],
                      "runs": summary}, S, runs.values())
     # The costliest first (Orthros runs twice the tokens through its layers): with --parallel
@@ -537,7 +512,7 @@ def seeds_label(n):
 
 
 def plot_means(ax, labels, summaries, colors, floor):
-    """Bars of the means with the stds (none for one seed); the y axis from floor x the least."""
+    """Bars of the means with the stds; the y axis from floor x the least."""
     means = [s["mean"] for s in summaries]
     ax.bar(labels, means, yerr=[s["std"] or 0.0 for s in summaries], capsize=4, color=colors)
     ax.set_ylim(min(means) * floor, None)
@@ -561,7 +536,6 @@ def plot_lm(plt, lm):
 
 
 def plot_accuracy(ax, name, accuracy, rotation=30):
-    """Exact match by bucket, one line: {bucket: {"accuracy": ...}}."""
     ax.plot(range(len(accuracy)), [a["accuracy"] for a in accuracy.values()], marker="o",
             label=name)
     ax.set_xticks(range(len(accuracy)), list(accuracy), rotation=rotation)
@@ -701,15 +675,11 @@ def main(argv=None):
                         "all of a step's on a GPU, one by one otherwise)")
     parser.add_argument("--time_limit", type=float, default=None, metavar="SECONDS", help="stop "
                         "the trainings (they save checkpoints) after this long; rerun to continue")
-    parser.add_argument("--results", default="results", metavar="DIR",
-                        help="where the JSON files go (default: results)")
     args = parser.parse_args(argv)
-    global RESULTS
-    RESULTS = Path(args.results)
     if args.seeds < 1 or args.parallel < 0:
         parser.error("--seeds must be >= 1 and --parallel >= 0")
-    S = {"name": args.scale, **SCALES[args.scale], "seeds": args.seeds,
-         "out": Path("out") / f"exp-{args.scale}",
+    S = {"name": args.scale, **SCALES[args.scale], "out": Path("out") / f"exp-{args.scale}",
+         "seeds": [FIRST_SEED + i for i in range(args.seeds)],
          "parallel": args.parallel or (0 if pick_device() == "cuda" else 1),
          "deadline": None if args.time_limit is None else t_start + args.time_limit}
     for name in (list(STEPS) if "all" in args.steps else args.steps):

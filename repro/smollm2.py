@@ -1,27 +1,15 @@
 """
-A real pretrained model converted into Orthros: SmolLM2-135M-Instruct (convert/from_gguf.py),
-before and after continued pre-training (CPT), as in the paper's section 4.3 and Table 2.
+SmolLM2-135M-Instruct (convert/from_gguf.py) converted into Orthros, before and after continued
+pre-training (CPT), as in the paper's section 4.3 and Table 2.
 
-    python repro/smollm2.py eval      # before any training, CPU: the original, Orthros and SWA
+    python repro/smollm2.py eval      # CPU: the original, Orthros and SWA (no output stream)
     python repro/smollm2.py cpt       # one GPU: CPT curves of Orthros, Base CPT and SWA, then at 8K
     python repro/smollm2.py prefill   # one GPU: the converted model's prefill and the original's
 
-eval measures transformers' own model ("original") and the two built from its weights at window
-w ("orthros", "swa": identity scale-offsets; SWA drops the output stream) on held-out text:
-  - loss: the mean next-token loss on the first T = 2048 tokens of long stdlib files of the val
-    split of data/stdlib/prepare.py, apart for positions < w (identical by construction) and >= w;
-  - passkey: a 5-digit key hidden at depths 10% ... 90% of 300 to 2,000 tokens of filler, then
-    "What is the pass key? The pass key is": the greedy answer's first five digits must be the key.
-It writes out/smollm2_eval_<device>.json (or --out FILE; results/ keeps the committed one);
-prefill results/smollm2_prefill[_<device>].json; both with the command, device, date and commit.
-
-cpt trains each of --attns with train.py (orthros | transformer, i.e. Base CPT | swa) on --data
-(data/docs/prepare.py's text) in the same order (--data_order epoch), keeps the weights at
---curve's shares of --steps and measures them as eval does, on --data's held-out documents; then
---long_steps at T = --long_seq_len (8,192: SmolLM2's position limit), with the passkey at T/2 and
-T tokens and the loss at T, before and after. The record (cpt.json, with each segment's training
-tokens/s) and plot (cpt.png) go to --out_dir with the runs. Run again, it skips what is done and
-resumes a stopped run: the work can span calls of a time-limited machine.
+eval: the loss on 2048 tokens of held-out stdlib files (positions < w and >= w apart) and a
+passkey (5 digits in 300 to 2,000 tokens of filler). cpt trains each of --attns on --data, measured
+as eval is at --curve's shares of --steps, then --long_steps at --long_seq_len; run again, it skips
+what is done and resumes a stopped run.
 """
 
 import argparse
@@ -61,7 +49,7 @@ ATTNS = ("orthros", "transformer", "swa")
 
 
 def held_out_documents(tokenizer, n_docs, seq_len):
-    """(path, its first seq_len tokens) of the first n_docs stdlib val files that hold as many."""
+    """(path, first seq_len tokens) of the first n_docs stdlib val files that hold as many."""
     src, docs = Path(sysconfig.get_paths()["stdlib"]), []
     for rel in (p for p in find_files(src) if is_val(p, 0.1)):
         ids = tokenizer.encode((src / rel).read_text(encoding="utf-8", errors="replace"))
@@ -73,8 +61,7 @@ def held_out_documents(tokenizer, n_docs, seq_len):
 
 
 def val_documents(data_dir, n_docs, seq_len):
-    """(n_docs, seq_len): the first seq_len tokens of the first n_docs documents of val.bin that
-    hold as many (data/docs/prepare.py writes them in the order of a hash: a mix of sources)."""
+    """(n_docs, seq_len): the first tokens of the first val.bin documents that hold as many."""
     meta = load_meta(data_dir)
     ids = np.fromfile(Path(data_dir) / "val.bin", dtype=meta["dtype"])
     ends = np.flatnonzero(ids == meta["eot"])  # each document ends with the end token
@@ -86,11 +73,9 @@ def val_documents(data_dir, n_docs, seq_len):
 
 
 def passkey_prompts(tokenizer, keys_per_cell=KEYS_PER_CELL, seed=0, lengths=LENGTHS):
-    """(length, depth, key, distance, ids): the key after depth of the filler, length tokens in
-    all; distance: tokens from the key's first digit to the end of the prompt."""
-    rng, filler = random.Random(seed), tokenizer.encode(FILLER)
-    intro, question = tokenizer.encode(INTRO), tokenizer.encode(QUESTION)
-    prompts = []
+    """(length, depth, key, distance from the key to the end, ids), keys_per_cell a cell."""
+    rng, prompts = random.Random(seed), []
+    filler, intro, question = map(tokenizer.encode, (FILLER, INTRO, QUESTION))
     for length, depth, _ in itertools.product(lengths, DEPTHS, range(keys_per_cell)):
         key = str(rng.randint(10000, 99999))
         needle = tokenizer.encode(NEEDLE.format(key))
@@ -135,8 +120,7 @@ class Model:
 
 
 def measure(model, docs, prompts, tokenizer, window, device):
-    """One Model's {"loss", "loss_below_w", "loss_from_w", "passkey": [per trial]}: the documents
-    (n, T) in batches of 8,192 tokens, the prompts greedily, a batch per length."""
+    """One Model's {"loss", "loss_below_w", "loss_from_w", "passkey": [per trial]}."""
     t0, losses, trials = time.time(), [], []
     for idx in docs.to(device).split(max(1, LONG // docs.size(1))):
         logits = model.logits(idx)[:, :-1].float().transpose(1, 2)  # (B, vocab, T - 1)
@@ -186,13 +170,11 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("step", choices=["eval", "cpt", "plot", "prefill"],
                         help="plot: cpt's plot again, from --out_dir's cpt.json alone")
-    parser.add_argument("--hf", default=str(SMOLLM2_DIR),
-                        help="the Hugging Face folder (python convert/from_gguf.py writes it)")
+    parser.add_argument("--hf", default=str(SMOLLM2_DIR), help="the folder from_gguf.py writes")
     parser.add_argument("--window", type=int, default=128)
     parser.add_argument("--docs", type=int, default=16, help="held-out documents for the loss")
     parser.add_argument("--seq_len", type=int, default=2048)
-    parser.add_argument("--keys", type=int, default=KEYS_PER_CELL,
-                        help="passkey: keys per (length, depth)")
+    parser.add_argument("--keys", type=int, default=KEYS_PER_CELL, help="per (length, depth)")
     group = parser.add_argument_group("cpt")
     group.add_argument("--data", default=str(REPO / "data" / "docs"), help="a prepared dataset")
     group.add_argument("--attns", default=",".join(ATTNS), help="the models to train")
@@ -228,8 +210,7 @@ def main(argv=None):
 
 
 def cpt(args, hf, tokenizer, device):
-    """The curves, then the long stage (see the top of this file). Each result enters
-    out_dir/cpt.json as it is measured; one already there is not measured again."""
+    """The curves, then the long stage: each result enters cpt.json at once, and only once."""
     out, attns, long = Path(args.out_dir), args.attns.split(","), args.long_seq_len
     if set(attns) - set(ATTNS) or not (Path(args.data) / "val.bin").is_file():
         raise SystemExit(f"error: --attns takes {', '.join(ATTNS)}; --data a prepared dataset "
@@ -275,8 +256,7 @@ def cpt(args, hf, tokenizer, device):
 
 
 def train_run(args, attn, init, out, seq_len, batch_size, steps, lr, curve, compiled):
-    """train.py from init into out (resumed if stopped, skipped if done), keeping the weights at
-    the curve's steps; its settings, val losses and median training tokens/s in each segment."""
+    """train.py from init into out, resumed; its settings, val losses, median tokens/s a segment."""
     if not (out / f"ckpt_{steps}.pt").exists():
         start = (["--init_from", "resume"] if (out / "ckpt_last.pt").exists()
                  else ["--init_from", str(init), "--overwrite", "true"])

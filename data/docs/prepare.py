@@ -4,14 +4,11 @@ without root by `apt-get download` (after `apt-get update`, once) and opened by 
 
     python data/docs/prepare.py --tokenizer hf:models/SmolLM2-135M-Instruct   # 36M tokens, 5 min
 
-Each file is one document, followed by the end token; a file whose contents another already gave
-is dropped, and so is one holding repro/smollm2.py's passkey filler, so the probe's text stays
-unseen. Train and val are split by a hash of package/path (no val document is seen in training,
-even in part), each in the order of that hash. Each package's licence is beside it below (the
-"Files: *" stanza of its /usr/share/doc/<package>/copyright).
+Each file is one document; a duplicate, or one holding repro/smollm2.py's passkey filler (its
+probe stays unseen), is dropped. Train and val are split, and ordered, by a hash of package/path.
+Each package's licence is beside it below ("Files: *" of /usr/share/doc/<package>/copyright).
 """
 
-import argparse
 import fnmatch
 import gzip
 import hashlib
@@ -19,12 +16,11 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a script: make `import data` work from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from data.prepare_utils import write_dataset
+from data.prepare_utils import hashed, prepare_main, write_dataset
 from data.tokenizer import get_tokenizer
 
 SPHINX = ("*/_sources/*.txt",)  # the reST that Sphinx keeps beside the HTML it built
@@ -77,13 +73,9 @@ def read_deb(deb, patterns):
         raise RuntimeError(f"dpkg-deb could not read {deb}")
 
 
-def hashed(name):
-    """A stable number in [0, 1) for a document's name (not Python's hash(): salted per process)."""
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") / 2**64
-
-
-def prepare(out_dir=None, tokenizer="byte", val_fraction=0.03, packages=tuple(PACKAGES)):
-    """Fetch the packages, split their files by the hash of package/path, tokenize both splits."""
+def prepare(out_dir=None, tokenizer="byte", val_fraction=0.03, packages=None):
+    """Fetch the packages (default: all), split their files by the hash of package/path."""
+    packages = packages or tuple(PACKAGES)
     if set(packages) - PACKAGES.keys():
         raise ValueError(f"unknown packages {sorted(set(packages) - PACKAGES.keys())}: "
                          f"choose from {list(PACKAGES)}")
@@ -100,28 +92,13 @@ def prepare(out_dir=None, tokenizer="byte", val_fraction=0.03, packages=tuple(PA
                 docs.append((hashed(f"{package}/{path}"), f"{package}/{path}", text))
     docs.sort()  # by the hash: each split mixes the packages
     val, train = [d for d in docs if d[0] < val_fraction], [d for d in docs if d[0] >= val_fraction]
-    return write_dataset(
-        out_dir or Path(__file__).resolve().parent, get_tokenizer(tokenizer),
+    return write_dataset(out_dir or Path(__file__).resolve().parent, get_tokenizer(tokenizer),
         [text for *_, text in train], [text for *_, text in val],
         source="Debian 12 documentation packages (data/docs/prepare.py PACKAGES); one document per "
                "file; split by sha256 of package/path",
         packages={deb.name: PACKAGES[p][0] for p, deb in debs.items()}, dropped_files=dropped,
-        val_fraction=val_fraction, val_files=[name for _, name, _ in val],
-    )
+        val_fraction=val_fraction, val_files=[name for _, name, _ in val])
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out_dir", help="where to write the bins (default: data/docs/)")
-    parser.add_argument("--tokenizer", default="byte", help="byte (default), gpt2, or hf:DIR")
-    parser.add_argument("--val_fraction", type=float, default=0.03)
-    parser.add_argument("--packages", help="comma-separated: only these of PACKAGES (less text)")
-    args = parser.parse_args()
-    t0 = time.time()
-    try:
-        meta = prepare(args.out_dir, args.tokenizer, args.val_fraction,
-                       args.packages.split(",") if args.packages else tuple(PACKAGES))
-    except (ValueError, FileNotFoundError, RuntimeError) as e:  # one line: what failed, what to do
-        sys.exit(f"error: {e}")
-    print(f"{meta['train_docs']} train, {meta['val_docs']} val documents, {time.time() - t0:.0f} s")
+    prepare_main(prepare, __doc__, packages=lambda names: names.split(","))

@@ -5,19 +5,13 @@
     python data/recall/prepare.py --preset micro   # window 16, seconds on a CPU: data/recall_micro/
     python data/recall/prepare.py --context_len 4000 --test_edges 0,128,256,512,1024,2048,3968
 
-An example, as SFT turns (byte tokenizer): "4.7;Qk,9:3.;8Hb!;...;;?Q" -> "k", "?H" -> "b", ...
-Keys are capital letters, values lower-case, the filler digits and punctuation: the only way to
-answer "?Q" is to copy the letter after "Q" in the context. A query's distance is the position of
-its key minus that of the key in the context. Training examples scatter the pairs over the context
-and query them all; a test example has one query, at a distance inside one of the buckets
---test_edges (by default: inside the window w, then w-2w, ..., 8w-16w, as far as the context
-reaches). Scattering almost never puts a pair flush against the query ("...Kv?K", distance 3: the
-needle at depth 1 of repro/experiments.py's needle in a haystack), so a share --last_pair_frac of
-the training examples has that layout, drawn from a second random stream: every other example is
-as with --last_pair_frac 0. Everything is deterministic given --seed.
+An example, as SFT turns: "4.7;Qk,9:3.;8Hb!;...;;?Q" -> "k", "?H" -> "b", ... A test example has
+one query, at a distance (from its key back to the pair) in a bucket of --test_edges (default:
+1-w, w-2w, ..., 8w-16w). A share --last_pair_frac of the training examples, from a second random
+stream, ask first for the pair flush against the query ("...Kv?K", the needle at depth 1). --preset
+sets the other options (PRESETS below), which override it.
 """
 
-import argparse
 import json
 import random
 import string
@@ -26,7 +20,7 @@ from pathlib import Path
 
 if __name__ == "__main__":  # run as a script: make `import data` work from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from data.prepare_utils import atomic_write, write_json_atomic
+from data.prepare_utils import atomic_write, prepare_main, write_json_atomic
 from data.tokenizer import get_tokenizer
 
 KEYS, VALUES = string.ascii_uppercase, string.ascii_lowercase
@@ -35,8 +29,7 @@ QUERY = "?"
 LAST_PAIR_DISTANCE = 3  # the last pair's key at context_len - 2, the query's at context_len + 1
 
 PRESETS = {
-    # window 128: distances up to 2048+ (16 windows); the `recall` config (one GPU, minutes).
-    # The short warm-up split packs the pairs and keeps every query inside the window.
+    # window 128: distances to 2048+ (16 windows), the `recall` config (one GPU, minutes)
     "default": dict(window=128, context_len=2100, short_context_len=16, n_pairs=8, n_queries=8,
                     n_short_queries=8, n_keys=26, n_values=26, n_train=6000, n_short=20000,
                     n_val=200, n_test_per_bucket=100, last_pair_frac=0.1),
@@ -44,8 +37,7 @@ PRESETS = {
     "tiny": dict(window=32, context_len=300, short_context_len=16, n_pairs=8, n_queries=8,
                  n_short_queries=4, n_keys=26, n_values=26, n_train=20000, n_short=10000, n_val=200,
                  n_test_per_bucket=100, last_pair_frac=0.1),
-    # window 16, 40-token contexts, 4 keys and 8 values (chance 1/8): the `recall_micro` config, a
-    # one-layer model that learns the task in seconds on a CPU (the test suite's recall proof)
+    # window 16, chance 1/8: the `recall_micro` config, learnt in seconds (the tests' recall proof)
     "micro": dict(window=16, context_len=40, short_context_len=12, n_pairs=4, n_queries=4,
                   n_short_queries=2, n_keys=4, n_values=8, n_train=4000, n_short=4000, n_val=100,
                   n_test_per_bucket=100, last_pair_frac=0.1),
@@ -60,8 +52,7 @@ def scatter(rng, length, n):
 
 
 def make_example(rng, context_len, n_pairs, n_queries, n_keys, n_values, first_distance=None):
-    """One example: a context of context_len tokens holding n_pairs "Kv" pairs, then n_queries
-    queries. With first_distance, the first query's pair is placed exactly that far back."""
+    """n_pairs "Kv" pairs in context_len tokens, n_queries queries; the first at first_distance."""
     keys = rng.sample(KEYS[:n_keys], n_pairs)
     values = [rng.choice(VALUES[:n_values]) for _ in keys]
     context = [rng.choice(FILLER) for _ in range(context_len)]
@@ -89,9 +80,9 @@ def make_example(rng, context_len, n_pairs, n_queries, n_keys, n_values, first_d
 
 
 def prepare(preset="default", out_dir=None, seed=1337, **overrides):
-    """Write train.jsonl, train_short.jsonl (short, near-only: the warm-up), val.jsonl, test.jsonl
-    and meta.json to out_dir (default: data/recall/, or data/recall_<preset>/: the dataset of the
-    config of that name)."""
+    """The splits and meta.json into out_dir (default: data/recall/ or data/recall_<preset>/)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}: choose one of {list(PRESETS)}")
     p = {**PRESETS[preset], **overrides}
     if not 0 <= p["last_pair_frac"] <= 1:
         raise ValueError(f"last_pair_frac must be in [0, 1], got {p['last_pair_frac']}")
@@ -101,17 +92,14 @@ def prepare(preset="default", out_dir=None, seed=1337, **overrides):
     shape = dict(n_pairs=p["n_pairs"], n_keys=p["n_keys"], n_values=p["n_values"])
     rng, last_rng = random.Random(seed), random.Random(f"recall-last-pair-{seed}")
     last = set(last_rng.sample(range(p["n_train"]), round(p["last_pair_frac"] * p["n_train"])))
-    train = []
-    for i in range(p["n_train"]):  # rng draws every example: the others stay as at share 0
-        train.append(make_example(rng, L, n_queries=p["n_queries"], **shape))
-        if i in last:
-            train[-1] = make_example(last_rng, L, n_queries=p["n_queries"],
-                                     first_distance=LAST_PAIR_DISTANCE, **shape)
-    splits = {"train": train, "train_short": [
-        make_example(rng, p["short_context_len"], **shape, n_queries=p["n_short_queries"])
-        for _ in range(p["n_short"])],
-        "val": [make_example(rng, L, n_queries=p["n_queries"], **shape) for _ in range(p["n_val"])],
-        "test": []}
+    # rng draws every example (the others stay as at share 0); last_rng replaces the share
+    drawn = [make_example(rng, L, n_queries=p["n_queries"], **shape) for _ in range(p["n_train"])]
+    train = [make_example(last_rng, L, n_queries=p["n_queries"], first_distance=LAST_PAIR_DISTANCE,
+                          **shape) if i in last else ex for i, ex in enumerate(drawn)]
+    short = [make_example(rng, p["short_context_len"], **shape, n_queries=p["n_short_queries"])
+             for _ in range(p["n_short"])]
+    val = [make_example(rng, L, n_queries=p["n_queries"], **shape) for _ in range(p["n_val"])]
+    splits = {"train": train, "train_short": short, "val": val, "test": []}
     for lo, hi in zip(edges, edges[1:]):
         for _ in range(p["n_test_per_bucket"]):
             d = rng.randrange(max(lo, 3), min(hi, L + 2))  # a pair needs 2 tokens
@@ -133,17 +121,5 @@ def prepare(preset="default", out_dir=None, seed=1337, **overrides):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="default", choices=list(PRESETS))
-    parser.add_argument("--out_dir", help="default: data/recall/, data/recall_<preset>/")
-    parser.add_argument("--seed", type=int, default=1337)
-    for key, value in PRESETS["default"].items():
-        others = ", ".join(f"{name}: {preset[key]}" for name, preset in PRESETS.items()
-                           if name != "default")
-        parser.add_argument(f"--{key}", type=type(value), help=f"default {value} ({others})")
-    parser.add_argument("--test_edges", type=lambda s: [int(e) for e in s.split(",")],
-                        help="comma-separated bucket edges for the test distances")
-    args = vars(parser.parse_args())
-    preset, out_dir, seed = args.pop("preset"), args.pop("out_dir"), args.pop("seed")
-    prepare(preset, out_dir, seed, **{k: v for k, v in args.items() if v is not None})
+    prepare_main(prepare, __doc__, test_edges=lambda edges: [int(e) for e in edges.split(",")],
+                 **{key: type(value) for key, value in PRESETS["default"].items()})

@@ -2,9 +2,7 @@
 example in data/sft.py's format (the files are committed: this documents how they were made):
 
     python data/sft_example/make.py   # rewrites train.jsonl, val.jsonl, test.jsonl, the same
-    {"prompt": "first and last letters of cafe:", "response": "ce", "bucket": 4}
-
-"bucket" (the word's length) groups the exact match that train.py reports after an SFT run.
+    {"prompt": "first and last letters of cafe:", "response": "ce", "bucket": 4}   # its length
 """
 
 import json

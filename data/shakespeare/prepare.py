@@ -9,14 +9,13 @@ The first 90% of the characters are train, the last 10% val; the text is one doc
 end token. GPT-2 BPE needs its ranks file: see data/tokenizer.py.
 """
 
-import argparse
 import sys
 import urllib.request
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a script: make `import data` work from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from data.prepare_utils import write_dataset
+from data.prepare_utils import prepare_main, write_dataset
 from data.tokenizer import get_tokenizer
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -30,14 +29,13 @@ def download(path):
             text = response.read()
     except OSError as e:  # URLError, timeouts and DNS failures are all OSErrors
         raise RuntimeError(f"could not download Tiny Shakespeare ({e}). Offline, place the file at "
-                           f"{path} or pass --input PATH (prepare(input_path=...)).") from e
+                           f"{path} or pass --input PATH (prepare(input=...)).") from e
     path.write_bytes(text)
 
 
-def prepare(input_path=None, out_dir=None, tokenizer="gpt2"):
-    """Tiny Shakespeare (data/shakespeare/input.txt, downloaded if missing) or another text, in
-    the tokenizer of that name (gpt2, byte or hf:DIR)."""
-    input_path = Path(input_path or DEFAULT_INPUT)
+def prepare(input=None, out_dir=None, tokenizer="gpt2"):
+    """Tiny Shakespeare (downloaded if missing), or another text, in the tokenizer of that name."""
+    input_path = Path(input or DEFAULT_INPUT)
     if not input_path.exists():
         if input_path != DEFAULT_INPUT:
             raise FileNotFoundError(f"no such input file: {input_path}")
@@ -52,13 +50,4 @@ def prepare(input_path=None, out_dir=None, tokenizer="gpt2"):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input", help=f"a local copy of input.txt (default: {DEFAULT_INPUT})")
-    parser.add_argument("--out_dir", help="where to write the bins (default: data/shakespeare/)")
-    parser.add_argument("--tokenizer", default="gpt2", help="gpt2 (default), byte, or hf:DIR")
-    args = parser.parse_args()
-    try:
-        prepare(args.input, args.out_dir, args.tokenizer)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:  # bad input, no network: one line
-        sys.exit(f"error: {e}")
+    prepare_main(prepare, __doc__)

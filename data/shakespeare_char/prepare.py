@@ -7,19 +7,19 @@ The text is ASCII, so the byte tokenizer gives one id per character: nanoGPT's 6
 the same order, in a vocabulary of 257. The first 90% of the characters are train, as in nanoGPT.
 """
 
-import argparse
 import sys
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a script: make `import data` work from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from data.prepare_utils import prepare_main
 from data.shakespeare.prepare import DEFAULT_INPUT, download
 from data.shakespeare.prepare import prepare as prepare_text
 
 
-def prepare(input_path=None, out_dir=None):
+def prepare(input=None, out_dir=None):
     """Byte-level bins of Tiny Shakespeare (or another ASCII text) in out_dir (default: here)."""
-    input_path = Path(input_path or DEFAULT_INPUT)
+    input_path = Path(input or DEFAULT_INPUT)
     if input_path == DEFAULT_INPUT and not input_path.exists():
         download(input_path)
     if not input_path.read_bytes().isascii():
@@ -29,12 +29,4 @@ def prepare(input_path=None, out_dir=None):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input", help=f"a local copy of input.txt (default: {DEFAULT_INPUT})")
-    parser.add_argument("--out_dir", help="default: data/shakespeare_char/")
-    args = parser.parse_args()
-    try:
-        prepare(args.input, args.out_dir)
-    except (ValueError, OSError, RuntimeError) as e:  # a missing or non-ASCII --input, no network
-        sys.exit(f"error: {e}")
+    prepare_main(prepare, __doc__)

@@ -4,22 +4,18 @@
     python data/stdlib/prepare.py --max_files 50   # a quick small version
     python data/stdlib/prepare.py --src_dir DIR --tokenizer hf:CKPT --out_dir data/code   # for CPT
 
-Every .py file under sysconfig's stdlib folder but tests (they would more than double the corpus
-with code that exercises the library rather than implements it), installed packages and generated
-data (EXCLUDED_DIRS), each one document followed by the end token. Train and val are split by
-file, not by position: no val file has been seen in training, even in part.
+Every .py file under sysconfig's stdlib folder but tests (twice the library's size), installed
+packages and generated data (EXCLUDED_DIRS), one document each, split into train and val by file:
+no val file is seen in training, even in part.
 """
 
-import argparse
-import hashlib
 import sys
 import sysconfig
-import time
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a script: make `import data` work from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from data.prepare_utils import write_dataset
+from data.prepare_utils import hashed, prepare_main, write_dataset
 from data.tokenizer import get_tokenizer
 
 # pydoc_data: 0.8 MB of help text in one file, which would be most of val; encodings: codec tables
@@ -33,16 +29,12 @@ def find_files(src_dir):
     return sorted(p for p in files if not EXCLUDED_DIRS & set(p.parts))
 
 
-def is_val(rel_path, val_fraction):
-    # NOTE: a sha256 of the path, not Python's hash() (salted per process) nor the file's rank
-    # (a file that comes or goes would move the others)
-    h = hashlib.sha256(rel_path.as_posix().encode()).digest()
-    return int.from_bytes(h[:8], "big") / 2**64 < val_fraction
+def is_val(rel_path, val_fraction):  # by the path's hash: a file that comes or goes moves no other
+    return hashed(rel_path.as_posix()) < val_fraction
 
 
 def prepare(src_dir=None, out_dir=None, max_files=None, val_fraction=0.1, tokenizer="byte"):
-    """The .py files under src_dir (default: this Python's stdlib) into out_dir, in the tokenizer
-    of that name (byte, gpt2 or hf:DIR)."""
+    """The .py files under src_dir (default: this Python's stdlib) into out_dir."""
     what = f"Python {sys.version.split()[0]} standard library" if src_dir is None else "the"
     src_dir = Path(src_dir or sysconfig.get_paths()["stdlib"])
     files = find_files(src_dir)
@@ -56,8 +48,7 @@ def prepare(src_dir=None, out_dir=None, max_files=None, val_fraction=0.1, tokeni
                          f"{len(train)}, val {len(val)}); use more files or change val_fraction")
     # errors="replace": a stray non-UTF-8 file costs a few characters, not the run
     read = lambda rel: (src_dir / rel).read_text(encoding="utf-8", errors="replace")
-    return write_dataset(
-        out_dir or Path(__file__).resolve().parent, get_tokenizer(tokenizer),
+    return write_dataset(out_dir or Path(__file__).resolve().parent, get_tokenizer(tokenizer),
         [read(rel) for rel in train], [read(rel) for rel in val],
         source=f"{what} .py files under {src_dir}, excluding {sorted(EXCLUDED_DIRS)}; one "
                "document per file; split by sha256 of the path",
@@ -65,18 +56,4 @@ def prepare(src_dir=None, out_dir=None, max_files=None, val_fraction=0.1, tokeni
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--src_dir", help="folder of .py files (default: the standard library)")
-    parser.add_argument("--out_dir", help="where to write the bins (default: data/stdlib/)")
-    parser.add_argument("--max_files", type=int, help="only N files, the first of each split")
-    parser.add_argument("--val_fraction", type=float, default=0.1)
-    parser.add_argument("--tokenizer", default="byte", help="byte (default), gpt2, or hf:DIR")
-    args = parser.parse_args()
-    t0 = time.time()
-    try:
-        meta = prepare(args.src_dir, args.out_dir, args.max_files, args.val_fraction,
-                       args.tokenizer)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:  # a bad --tokenizer or --src_dir
-        sys.exit(f"error: {e}")
-    print(f"{meta['train_docs']} train, {meta['val_docs']} val files, {time.time() - t0:.1f} s")
+    prepare_main(prepare, __doc__, max_files=int)

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import torch
 
 import orthros
-from exercises.framework import Domain, patched_logits, within
+from exercises.framework import Domain, whole_models, within
 
 TITLE, DIFFICULTY, MINUTES = "The window mask", 1, 20
 FUNCTIONS = ("in_window", "attention_mask")
@@ -16,8 +16,7 @@ SHAPES = ["0-d, one pair (FlexAttention's mask_mod)", "1-D pairs of one shape", 
 
 
 def positions(seed, shape, n, far, dtype, **_):
-    """q_pos, k_pos as orthros.py passes them: queries at far + 0 ... n-1, keys at 0 ... n-1 and at
-    far + 0 ... n-1 (distances up to far + n - 1), or random pairs of them."""
+    """q_pos, k_pos as orthros.py passes them: queries at far + 0 ... n-1, keys 0 ... far + n-1."""
     g = torch.Generator().manual_seed(seed)
     q, k = far + torch.arange(n), torch.cat([torch.arange(n), far + torch.arange(n)])
     pick = lambda x, *shape: x[torch.randint(len(x), shape, generator=g)]
@@ -37,13 +36,5 @@ DOMAIN = {"in_window": Domain(
     n_k=[0, 1, 2, 3, 5, 8, 300, 4096, 70000], window=lambda n_k: windows(n_k, 40000),
     n_q=lambda n_k: within(0, min(n_k, 300), 0, 1, 2, n_k - 1, n_k), device=[None, "cpu", "meta"],
     default=["cpu", "meta"])}
-
-
-def whole_models(answer, **options):
-    """whole models with yours patched into orthros.py"""
-    return patched_logits([("orthros", "dense", 21, 4, 5), ("swa", "blocked", 21, 4, 21),
-                           ("orthros", "blocked", 300, 128, 37)],
-                          in_window=answer.in_window, attention_mask=answer.attention_mask)
-
-
-PROPERTIES = [whole_models]
+PROPERTIES = [whole_models(("orthros", "dense", 21, 4, 5), ("swa", "blocked", 21, 4, 21),
+                           ("orthros", "blocked", 300, 128, 37))]

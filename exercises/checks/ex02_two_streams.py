@@ -9,8 +9,7 @@ from orthros import Orthros
 
 TITLE, DIFFICULTY, MINUTES = "Two streams to logits (Alg. 2)", 2, 30
 FUNCTIONS = ("two_stream_logits",)
-REFERENCE = SimpleNamespace(
-    two_stream_logits=lambda model, idx, t_out: model(idx, t_out=t_out)[0])
+REFERENCE = SimpleNamespace(two_stream_logits=lambda model, idx, t_out: model(idx, t_out=t_out)[0])
 FORBIDDEN = dict.fromkeys((Orthros.forward, Orthros.prefill, Orthros.decode, Orthros.generate,
                            Orthros.generate_tokens), "it runs the whole forward pass this exercise "
                           "asks you to write from the model's modules")

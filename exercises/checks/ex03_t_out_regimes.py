@@ -1,5 +1,4 @@
-"""Exercise 3, the t_out regimes: the checker. The references, live: the smallest t_out orthros.py's
-check_targets accepts, and the rows a hook on a model's first block counts."""
+"""Exercise 3, the t_out regimes: the checker. The references: measured live, on orthros.py."""
 
 import contextlib
 from types import SimpleNamespace
@@ -35,8 +34,7 @@ REFERENCE = SimpleNamespace(smallest_t_out=smallest_t_out, tokens_through_layers
 
 
 def targets(seed, B, T, first, rows, **_):
-    """(B, T) targets, IGNORE where nothing is trained: a random row r trained from column `first`
-    (T: none), token id 0 there (a real token); the other rows as `rows` says."""
+    """(B, T) targets: row r trained from column `first` (token 0 there), the rest by `rows`."""
     g = torch.Generator().manual_seed(seed)
     y, r = torch.randint(0, 37, (B, T), generator=g), int(torch.randint(B, (), generator=g))
     start = torch.randint(first, T + 1, (B, 1), generator=g) if rows == "ragged" else \

@@ -10,8 +10,7 @@ from orthros import Block, Orthros, OrthrosAttention, rope_cos_sin
 
 TITLE, DIFFICULTY, MINUTES = "Algorithm 1 with the scale-offsets", 3, 45
 FUNCTIONS = ("orthros_attention",)
-REFERENCE = SimpleNamespace(
-    orthros_attention=lambda attn, z, T, cos, sin: attn(z, T, (cos, sin)))
+REFERENCE = SimpleNamespace(orthros_attention=lambda attn, z, T, cos, sin: attn(z, T, (cos, sin)))
 FORBIDDEN = dict.fromkeys((OrthrosAttention.forward, Block.forward, Orthros.forward), "it runs "
                           "the layer (Algorithm 1) this exercise asks you to write")
 PAPER = "w=128"

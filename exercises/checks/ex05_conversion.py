@@ -10,8 +10,7 @@ from orthros import Orthros
 
 TITLE, DIFFICULTY, MINUTES = "Converting a Transformer", 3, 30
 FUNCTIONS = ("convert",)
-FORBIDDEN = {Orthros.load_transformer_weights: "orthros.py's own conversion, which this exercise "
-             "asks you to write"}
+FORBIDDEN = {Orthros.load_transformer_weights: "orthros.py's own conversion, which you write"}
 PAPER = "window=128"
 
 

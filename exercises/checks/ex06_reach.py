@@ -1,5 +1,4 @@
-"""Exercise 6, how far each stream can see: the checker. The references: the stored solution's
-measurement, and the reach measured by gradients."""
+"""Exercise 6, how far each stream can see: the checker. The references: measured live."""
 
 import functools
 from types import SimpleNamespace
@@ -16,8 +15,7 @@ PAPER = "n_layer=12"
 
 @functools.cache
 def measured_reach(n_layer, window):
-    """How far back a tiny SWA model's logits at t = T - 1 reach: the gradient with respect to each
-    embedding is exactly zero beyond (perturbed tokens lose deep models' faint ones, (1/w)^L)."""
+    """A tiny SWA model's reach at t = T - 1: its embeddings' gradients are exactly zero beyond."""
     T = n_layer * (window - 1) + 3   # room for the whole reach and two positions beyond it
     model, kept = tiny_model("swa", n_layer=n_layer, window=window, n_embd=8, n_head=1,
                              max_seq_len=max(512, T)), []

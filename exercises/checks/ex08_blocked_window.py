@@ -7,7 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import orthros
 from exercises import framework
-from exercises.framework import Domain, patched_logits, randn, within
+from exercises.framework import Domain, randn, whole_models, within
 
 TITLE, DIFFICULTY, MINUTES = "The sliding window in O(T w)", 4, 50
 FUNCTIONS = ("blocked_sliding_window_attention",)
@@ -15,14 +15,12 @@ REFERENCE = SimpleNamespace(
     blocked_sliding_window_attention=orthros.blocked_sliding_window_attention)
 FORBIDDEN = dict.fromkeys((orthros.reference_attention, orthros.fast_reference_attention,
                            orthros.flex_sliding_window_attention, orthros.sliding_window_block_mask,
-                           orthros.cached_sliding_window_block_mask),
-                          "it computes the windowed attention this exercise asks you to write")
+                           orthros.cached_sliding_window_block_mask), "it computes what you write")
 PAPER, SHAPES, BF16 = "window=128", [(2, 3, 4), (1, 1, 6), (3, 2, 8)], torch.bfloat16   # (B, H, D)
 
 
 def inputs(seed, T, shape, views, scale, **_):
-    """q, k, v: (B, H, T, D), q and k times scale; views: transposed views of (B, T, H, D) tensors,
-    as the model passes them."""
+    """q, k, v (B, H, T, D), q and k times scale; views: transposed, as the model passes them."""
     (B, H, D), seeds = shape, range(seed, seed + 3)
     made = [randn(B, T, H, D, seed=s).transpose(1, 2) if views else randn(B, H, T, D, seed=s)
             for s in seeds]
@@ -39,12 +37,6 @@ DOMAIN = {"blocked_sliding_window_attention": Domain(
         place == "meta" or T < 64 and dtype != BF16))}
 
 
-def whole_models(answer, **options):
-    """whole models with yours patched into orthros.py"""
-    return patched_logits([("swa", "blocked", 27, 4, 27), ("orthros", "blocked", 27, 4, 5)],
-                          blocked_sliding_window_attention=answer.blocked_sliding_window_attention)
-
-
 class LargestTensor(TorchDispatchMode):
     """Records the most elements a tensor made by an operation holds (a view: what it views)."""
     largest = 0
@@ -57,8 +49,7 @@ class LargestTensor(TorchDispatchMode):
 
 
 def memory(answer, **options):
-    """O(T w) memory: no tensor made holds more than 8 T w elements (the dense mask: T^2 = 32 T w),
-    at T=4096, w=128"""
+    """O(T w) memory: at T=4096, w=128 no tensor made holds over 8 T w elements (T^2 = 32 T w)"""
     T, w = 4096, 128
     with torch.no_grad(), LargestTensor() as mode:
         answer.blocked_sliding_window_attention(*(randn(1, 1, T, 4, seed=i) for i in range(3)), w)
@@ -66,4 +57,4 @@ def memory(answer, **options):
         return f"your largest tensor holds {mode.largest / (T * w):.0f} T w elements"
 
 
-PROPERTIES = [whole_models, memory]
+PROPERTIES = [whole_models(("swa", "blocked", 27, 4, 27), ("orthros", "blocked", 27, 4, 5)), memory]

@@ -15,8 +15,7 @@ ENGINE = ("FastDecoder.prefill", "FastDecoder.decode", "FastDecoder.generate_tok
           "layer_out")
 FORBIDDEN = dict.fromkeys((Orthros.forward, Orthros.prefill, Orthros.decode, Orthros.generate,
                            Orthros.generate_tokens, *(f"perf.engine:{name}" for name in ENGINE)),
-                          "it runs the forward pass (or the whole decode step) this exercise asks "
-                          "you to build from the blocks")
+                          "it runs the forward pass (or the decode step) you build from the blocks")
 PAPER, BF16 = "the paper's widths", torch.bfloat16
 MODELS = {**{f"attn='orthros', {name}": (name, "orthros") for name in ZOO},
           **{f"attn={attn!r}": ("the original", attn) for attn in ("swa", "transformer")}}

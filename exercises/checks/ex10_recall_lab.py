@@ -1,5 +1,4 @@
-"""Exercise 10, the recall lab: the checker. The reference: the stored solution, on made-up runs and
-on yours."""
+"""Exercise 10, the recall lab: the checker. The reference: the stored solution."""
 
 import contextlib
 import json
@@ -25,8 +24,7 @@ RETRAIN = "Let it train its whole schedule (recall_tiny's 2400 steps), or again 
 
 
 def made_up_run(seed, attn, window, n_layer, cut, path, **_):
-    """A run's folder: exact_match.json, buckets "lo-hi" cut near the window and n_layer * window
-    and at random, of random sizes and hits; a checkpoint holding a model config."""
+    """A run's folder: exact_match.json (buckets cut near w, n_layer * w, at random), a ckpt"""
     window, n_layer = window + seed, n_layer + seed   # seed 1: another run in the same folder
     rng, reach, run = random.Random(seed), n_layer * window, Path(tempfile.mkdtemp(dir=FOLDER.name))
     drop = {window, reach} - {2} if cut == "across" else set()   # then a bucket across each
@@ -43,9 +41,8 @@ def made_up_run(seed, attn, window, n_layer, cut, path, **_):
 
 DOMAIN = {"recall_summary": Domain(
     made_up_run, pairs=[("path", "attn"), ("cut", "window")], attn=["swa", "orthros"],
-    cut=["at the window and the reach", "across"],
-    window=[2, 3, 4, 8, 32, 128], n_layer=lambda window: [12] if window == 128 else [1, 2, 3, 4],
-    path=["str", "pathlib.Path"])}
+    cut=["at the window and the reach", "across"], window=[2, 3, 4, 8, 32, 128],
+    n_layer=lambda window: [12] if window == 128 else [1, 2, 3, 4], path=["str", "pathlib.Path"])}
 
 
 def trained_runs(answer, runs=None, **options):
@@ -72,10 +69,9 @@ def trained_run(runs, attn):
     path = Path(str((runs or {}).get(attn) or DEFAULT_RUNS[attn]))
     path = path if path.is_absolute() or runs else REPO / path
     if not (path / "exact_match.json").is_file() or not (path / "ckpt_last.pt").is_file():
-        raise NotReady(f"waiting for its runs: the lab's {attn} run is not there yet (no {path}/"
-                       "exact_match.json). Train both runs (3-4 minutes each on 2 idle CPU cores), "
-                       f"from the repo root:\n    {COMMANDS}\nthen run this check again (or point "
-                       "it at your runs: --runs swa=DIR,orthros=DIR).")
+        raise NotReady(f"waiting for its runs: no {attn} run at {path} yet. Train both (3-4 min. "
+                       f"each on 2 idle CPU cores), from the repo root:\n    {COMMANDS}\nthen "
+                       "check again (or point it at your runs: --runs swa=DIR,orthros=DIR).")
     return path
 
 

@@ -1,0 +1,1 @@
+"""The stored solutions; each exNN_*_also.py: another right answer, written otherwise."""

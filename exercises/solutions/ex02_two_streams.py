@@ -6,8 +6,6 @@ from orthros import rope_cos_sin
 
 
 def two_stream_logits(model, idx, t_out):
-    """The logits (B, t_out, vocab) of an Orthros model (config.attn == "orthros") for the token
-    ids idx: (B, T) and its last t_out positions, computed as Algorithm 2 does."""
     T = idx.size(1)
     x = model.wte(idx)                                       # (B, T, C)
     z = torch.cat([x, x[:, T - t_out:]], dim=1)              # Alg. 2, line 2: (B, T + t_out, C)

@@ -7,9 +7,6 @@ from orthros import apply_rope, attention_mask, repeat_kv
 
 
 def orthros_attention(attn, z, T, cos, sin):
-    """Algorithm 1 on the parameters of attn (an OrthrosAttention with attn="orthros", no convolution):
-    z: (B, T + t_out, C), T base tokens then t_out output tokens; cos, sin: (T + t_out, head_dim).
-    Returns (B, T + t_out, C)."""
     B, L, C = z.shape
     H, D = attn.n_head, attn.head_dim
     t_out = L - T

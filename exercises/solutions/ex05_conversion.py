@@ -8,9 +8,6 @@ from orthros import Orthros
 
 
 def convert(transformer, window):
-    """A new Orthros model (attn="orthros", this window) with a copy of the weights of
-    transformer (an Orthros instance with config.attn == "transformer"), its scale-offsets at
-    identity, in the Transformer's dtype and mode (train or eval)."""
     config = dataclasses.replace(transformer.config, attn="orthros", window=window)
     model = Orthros(config).to(transformer.wte.weight.dtype)
     # Every Transformer weight has a twin of the same name and shape; the scale-offsets are the

@@ -4,8 +4,6 @@ import torch
 
 
 def positions_that_change(model, idx, t):
-    """idx: (1, T) token ids. The sorted list of positions j (0 <= j < T) such that changing
-    token j changes model(idx)[0][:, t], the logits at position t."""
     with torch.no_grad():
         before = model(idx)[0][:, t]
         changed = []
@@ -18,6 +16,4 @@ def positions_that_change(model, idx, t):
 
 
 def swa_reach(n_layer, window):
-    """How many positions back the logits at t of an n_layer sliding-window model with this
-    window depend on the input: the farthest token that matters is t - swa_reach(n_layer, window)."""
     return n_layer * (window - 1)  # each layer reaches w - 1 positions further back

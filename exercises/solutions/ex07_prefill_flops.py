@@ -1,10 +1,7 @@
-"""Exercise 7, the stored solution: perf/flops.py's attended_pairs, copied (the check compares a student's with
-perf/flops.py's own, live, and this copy passes it), and prefill_flops."""
+"""Exercise 7, the stored solution: perf/flops.py's attended_pairs, copied, and prefill_flops."""
 
 
 def attended_pairs(T, window=None, n_q=None):
-    """Number of (query, key) pairs a causal attention over T positions computes, for its last
-    n_q queries (default all T), each seeing at most `window` keys (None = all keys <= itself)."""
     n_q = T if n_q is None else n_q
     if window is None:  # query at position t sees t + 1 keys, for t = T - n_q .. T - 1
         return n_q * T - n_q * (n_q - 1) // 2
@@ -14,7 +11,6 @@ def attended_pairs(T, window=None, n_q=None):
 
 
 def prefill_flops(cfg, T):
-    """FLOPs of prefilling one sequence of T tokens (t_out = 1) with the model described by cfg."""
     C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
     n_tokens = T + 1 if cfg.attn == "orthros" else T          # Orthros: one output token
     tokenwise = 2 * (10 * C * C * n_tokens + 2 * C * C * T)   # W_Q, W_O, MLP on every token; W_K, W_V on base tokens

@@ -1,5 +1,3 @@
-"""Exercise 7: another right answer, written otherwise than the stored solution (the check passes it too)."""
-
 def attended_pairs(T, window=None, n_q=None):
     n_q = T if n_q is None else n_q
     return sum(t + 1 if window is None else min(t + 1, window) for t in range(T - n_q, T))

@@ -6,8 +6,6 @@ from orthros import rope_cos_sin
 
 
 def decode_step(model, next_idx, cache):
-    """Append next_idx: (B,) or (B, 1), one token per sequence, to cache (a KVCache from
-    model.prefill). Returns (logits, cache): logits (B, 1, vocab) predict the token after next_idx."""
     x = model.wte(next_idx.reshape(-1, 1))                    # (B, 1, C): the new token's embedding
     orthros = model.config.attn == "orthros"
     z = torch.cat([x, x], dim=1) if orthros else x            # its base twin, then its output twin

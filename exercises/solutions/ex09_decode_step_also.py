@@ -1,5 +1,3 @@
-"""Exercise 9: another right answer, written otherwise than the stored solution (the check passes it too)."""
-
 import torch
 
 from orthros import rope_cos_sin

@@ -7,11 +7,6 @@ from checkpoint import load_checkpoint
 
 
 def recall_summary(run_dir):
-    """A dict for the run in run_dir (a folder with exact_match.json and ckpt_last.pt):
-        "attn", "window", "n_layer": from the checkpoint's model config;
-        "inside": the accuracy over all test examples of the buckets with hi <= window;
-        "beyond": the accuracy over all test examples of the buckets with lo >= n_layer * window.
-    Pool over examples: a bucket of 300 examples weighs three times one of 100."""
     run_dir = Path(run_dir)
     config = load_checkpoint(run_dir / "ckpt_last.pt")["model_config"]
     scores = json.loads((run_dir / "exact_match.json").read_text())

@@ -9,17 +9,11 @@ The paper's section 3.2: the same forward(idx, t_out) serves every regime; only 
     prefill        the prompt               1          only the last prompt token predicts
     decode         1 (the new token)        1
 
-1. smallest_t_out(targets): an SFT batch's targets are (B, T), with -1 where nothing is trained
-   (the prompts, the padding). orthros.py refuses a target before the last t_out positions, and
-   every output position costs a second token in every layer: find the smallest t_out that
-   covers every target. The checker compares yours with the smallest t_out orthros.py's
-   check_targets accepts, on batches of every shape (refusing both while your code runs).
-2. tokens_through_layers(attn, T, t_out): how many tokens flow through each layer (the rows of
-   z in Orthros.forward) for attn "orthros", "swa" or "transformer". The checker counts them
-   live, with a hook on the model's first block, in every regime.
-
-    python -m exercises start 3       (your own copy: exercises/mine/ex03_t_out_regimes.py)
-    python -m exercises check 3       python -m exercises hint 3
+1. smallest_t_out(targets): orthros.py refuses a target before the last t_out positions, and each
+   output position costs a second token in every layer: the smallest t_out covering every target
+   (checked against the smallest that orthros.py's check_targets accepts).
+2. tokens_through_layers(attn, T, t_out): the rows of z in Orthros.forward, for attn "orthros",
+   "swa" or "transformer" (counted live, with a hook on a model's first block).
 """
 
 import torch
@@ -32,6 +26,6 @@ def smallest_t_out(targets):
 
 
 def tokens_through_layers(attn, T, t_out):
-    """The number of tokens (rows) that each layer processes in a forward pass over T positions
-    whose last t_out are output positions, for attn in ("orthros", "swa", "transformer")."""
+    """The tokens (rows) each layer processes in a forward pass over T positions whose last t_out
+    are output positions."""
     raise NotImplementedError

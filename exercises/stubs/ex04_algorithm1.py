@@ -2,29 +2,19 @@
 layer's parameters.
 
 An OrthrosAttention layer `attn` (orthros.py) holds:
-    attn.c_q, attn.c_k, attn.c_v, attn.c_proj   W_Q, W_K, W_V, W_O: nn.Linear (Q, K, V may have biases)
+    attn.c_q, attn.c_k, attn.c_v, attn.c_proj   W_Q, W_K, W_V, W_O: nn.Linear (Q, K, V: biases too)
     attn.alpha, attn.beta                       the base tokens' query scale-offset, (C,)
     attn.alpha_out, attn.beta_out               the output tokens' (alpha', beta' of the paper)
-    attn.scale_offset                           False in the paper's "w/o SO" ablation: no alphas, betas
+    attn.scale_offset                           False in the paper's "w/o SO" ablation: none
     attn.n_head, attn.head_dim, attn.window     H, D = C / H, and w
-    attn.n_kv_head                              K, V heads: H, or fewer (grouped-query attention, GQA:
+    attn.n_kv_head                              K, V heads: H, or fewer (grouped-query attention:
                                                 query head h reads K, V head h // (H / n_kv_head))
-    attn.conv                                   None here (the optional convolution is off)
-Its input z is (B, T + t_out, C): T base tokens, then t_out output tokens. cos, sin are the
-RoPE tables (T + t_out, D) at the positions of z's rows (an output token sits at its base twin's
-position); orthros.apply_rope(x, cos, sin) rotates x: (B, H, rows, D).
-
-Write the layer's output (B, T + t_out, C) without calling attn itself. You may use
-orthros.apply_rope, orthros.attention_mask, orthros.repeat_kv, orthros.reference_attention (lines
-8-9 written out) and torch.nn.functional.scaled_dot_product_attention; calling the layer (attn(...),
-its forward, a Block or the model) is refused while your code runs. The checker compares yours with
-attn(z, T, (cos, sin)) (the output, its gradients, the inputs left as they were) on layers whose
-alpha != alpha' and beta != beta', of other sizes, heads, windows and tables, with GQA and biases,
-without scale-offsets, in float64, float32 and bfloat16, with z up to 1e15, and on the meta device
-(make every tensor where z is): take every size from attn, z and cos.
-
-    python -m exercises start 4       (your own copy: exercises/mine/ex04_algorithm1.py)
-    python -m exercises check 4       python -m exercises hint 4
+cos, sin are the RoPE tables (T + t_out, D) at the positions of z's rows (an output token sits at
+its twin's); orthros.apply_rope(x, cos, sin) rotates x: (B, H, rows, D). You may use apply_rope,
+attention_mask, repeat_kv, reference_attention (lines 8-9) and F.scaled_dot_product_attention;
+calling the layer (attn(...), a Block, the model) is refused. The checker compares yours with
+attn(z, T, (cos, sin)) in float64, float32 and bfloat16, z up to 1e15, and on the meta device (make
+every tensor where z is): take every size from attn, z and cos.
 """
 
 import torch
@@ -34,7 +24,6 @@ from orthros import apply_rope, attention_mask
 
 
 def orthros_attention(attn, z, T, cos, sin):
-    """Algorithm 1 on the parameters of attn (an OrthrosAttention with attn="orthros", no convolution):
-    z: (B, T + t_out, C), T base tokens then t_out output tokens; cos, sin: (T + t_out, head_dim).
-    Returns (B, T + t_out, C)."""
+    """Algorithm 1 on attn's parameters (no convolution): z (B, T + t_out, C), T base tokens then
+    t_out output tokens; cos, sin (T + t_out, head_dim). Returns (B, T + t_out, C)."""
     raise NotImplementedError

@@ -13,29 +13,19 @@ every term in FLOPs (a multiply-add is 2 FLOPs: a C x C matrix costs one token 2
   plus the LM head (C x V): 2 C V FLOPs for each position that gets logits (prefill: 1).
   Norms, RoPE, softmax, GELU and the embedding lookup are left out.
 
-1. attended_pairs(T, window=None, n_q=None): how many (query, key) pairs a causal attention over
-   T positions computes for its last n_q queries (default T), each seeing at most `window` keys
-   (None: every key up to itself). With a window, n_q is always T.
-2. prefill_flops(cfg, T): the FLOPs of prefilling T tokens with the model cfg
-   (an orthros.OrthrosConfig; cfg.attn is "transformer", "swa" or "orthros").
-
-The checker compares both with perf/flops.py (attended_pairs, and forward_flops(cfg, T, 1))
-exactly, patches your attended_pairs into perf/flops.py, and prints the FLOP-limit speedup of
-Orthros over the Transformer next to a measured CPU prefill speedup. flops.forward_flops (and its
-other FLOP counts) are refused while your code runs: they are what the checker compares with.
-
-    python -m exercises start 7       (your own copy: exercises/mine/ex07_prefill_flops.py)
-    python -m exercises check 7       python -m exercises hint 7
+The checker compares both functions with perf/flops.py (attended_pairs, forward_flops(cfg, T, 1),
+refused while yours run), patches your attended_pairs in, and prints the FLOP-limit speedup of
+Orthros over the Transformer next to a measured CPU prefill speedup.
 """
 
 
 def attended_pairs(T, window=None, n_q=None):
-    """Number of (query, key) pairs a causal attention over T >= 0 positions computes, for its
-    last n_q queries (0 <= n_q <= T, default T), each seeing at most `window` keys (None = all
-    keys <= itself)."""
+    """The (query, key) pairs a causal attention over T >= 0 positions computes for its last n_q
+    queries (0 <= n_q <= T, default T; with a window, T), each seeing at most `window` keys (None:
+    every key up to itself)."""
     raise NotImplementedError
 
 
 def prefill_flops(cfg, T):
-    """FLOPs of prefilling one sequence of T tokens (t_out = 1) with the model described by cfg."""
+    """FLOPs of prefilling T tokens (t_out = 1) with the model cfg (an orthros.OrthrosConfig)."""
     raise NotImplementedError

@@ -4,28 +4,19 @@ The task (data/recall/prepare.py): key-value pairs such as "Qk" hidden in random
 query "?Q" whose answer is "k". The test split asks one query per example, at a controlled
 distance, grouped into buckets ("1-32", "32-64", ...: distances lo <= d < hi, in tokens).
 
-1. Train both models on this laptop (3-4 minutes each on 2 idle CPU cores, longer on a busy
-   machine; keep the recall_tiny config's 2400-step schedule: shorter ones did not learn recall
-   in our tries):
+1. Train both models (3-4 minutes each on 2 idle CPU cores; keep recall_tiny's 2400 steps: shorter
+   schedules did not learn recall in our tries). Each run ends by writing exact_match.json (the
+   accuracy of greedy answers per bucket) beside its checkpoints:
 
        python train.py --config recall_tiny --attn swa --out_dir out/lab-recall-swa
        python train.py --config recall_tiny --attn orthros --out_dir out/lab-recall-orthros
 
-   Each run ends by writing exact_match.json (the accuracy of greedy answers per bucket) next to
-   its checkpoints.
-2. Write recall_summary(run_dir): read the run's exact_match.json and the model config stored in
-   its checkpoint (checkpoint.load_checkpoint(path)["model_config"]: "attn", "window",
-   "n_layer", ...), and pool the accuracy of the buckets inside the window and of those beyond
-   n_layer * window, the farthest a sliding-window model can reach.
+2. Write recall_summary(run_dir) from exact_match.json and the checkpoint's model config
+   (checkpoint.load_checkpoint(path)["model_config"]).
 
-The checker runs yours on made-up runs first, then on your two trained runs, compares it with the
-stored solution (live, on the same files), and checks what the lab should show: SWA is near
-chance beyond n_layer * window; Orthros answers there.
-Until both runs exist the check says it is waiting for them. Other run folders:
-python -m exercises check 10 --runs swa=DIR,orthros=DIR
-
-    python -m exercises start 10      (your own copy: exercises/mine/ex10_recall_lab.py)
-    python -m exercises check 10      python -m exercises hint 10
+The checker compares yours with the stored solution on made-up runs, then on your two runs, and
+checks what the lab should show: SWA near chance beyond n_layer * window, Orthros answering there.
+Until both runs exist it waits for them. Other runs: check 10 --runs swa=DIR,orthros=DIR
 """
 
 import json
