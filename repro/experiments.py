@@ -113,7 +113,7 @@ def run_state(run):
 Stop = type("Stop", (Exception,), {})  # (why, exit status): a failed run, SIGTERM, --time_limit
 
 
-def run_all(jobs, parallel, deadline, keep_going=False, tick=lambda: None):
+def run_all(jobs, parallel, deadline, keep_going=False, tick=None):
     """The (command, log path) jobs, `parallel` at a time; a failure (unless keep_going), SIGTERM or
     the deadline passes SIGTERM on (train.py saves ckpt_last.pt) and exits. tick(): every 0.5 s."""
     pending, running = list(jobs), []
@@ -141,7 +141,8 @@ def run_all(jobs, parallel, deadline, keep_going=False, tick=lambda: None):
                     if not keep_going:
                         raise Stop(why, 1)
                     print(why, file=sys.stderr, flush=True)
-            tick()
+            if tick is not None:
+                tick()
             time.sleep(0.5)
     except Stop as stop:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut this short
@@ -675,7 +676,11 @@ def main(argv=None):
                         "all of a step's on a GPU, one by one otherwise)")
     parser.add_argument("--time_limit", type=float, default=None, metavar="SECONDS", help="stop "
                         "the trainings (they save checkpoints) after this long; rerun to continue")
+    parser.add_argument("--results", default="results", metavar="DIR",
+                        help="where the JSON files go (default: results)")
     args = parser.parse_args(argv)
+    global RESULTS
+    RESULTS = Path(args.results)
     if args.seeds < 1 or args.parallel < 0:
         parser.error("--seeds must be >= 1 and --parallel >= 0")
     S = {"name": args.scale, **SCALES[args.scale], "out": Path("out") / f"exp-{args.scale}",
