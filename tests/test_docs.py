@@ -1,9 +1,8 @@
-"""The README's map of orthros.py and its CPT recipe; the run metadata results record."""
+"""The README's map of orthros.py, its CPT recipe, and the links of the user-facing pages."""
 
 import json
 import re
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -30,31 +29,6 @@ def test_readmes_cpt_command_is_the_recipe_behind_the_results():
                              if k not in ignored}
     readme = shlex.split(command.replace("\\\n", " "))[2:]
     assert options(readme) == options(shlex.split(recorded)[1:])
-
-
-def test_run_metadata_names_the_commit_and_whether_the_tree_was_clean(tmp_path, monkeypatch):
-    """run_meta records the commit and whether tracked files changed (or the environment's)."""
-    import checkpoint
-    git = lambda *args: subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True,
-                                       text=True, check=True).stdout.strip()
-    monkeypatch.delenv("ORTHROS_GIT_COMMIT", raising=False)
-    monkeypatch.delenv("ORTHROS_GIT_CLEAN", raising=False)
-    monkeypatch.setattr(checkpoint, "REPO", tmp_path)
-    assert checkpoint.git_state() == (None, None)           # not a git checkout
-    git("init", "-q")
-    (tmp_path / "f.txt").write_text("one")
-    git("add", "f.txt")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
-    head = git("rev-parse", "--short", "HEAD")
-    (tmp_path / "new.txt").write_text("untracked")           # untracked files don't count
-    assert checkpoint.git_state() == (head, True)
-    meta = checkpoint.run_meta()
-    assert (meta["git_commit"], meta["git_clean"]) == (head, True)
-    (tmp_path / "f.txt").write_text("two")                   # a tracked file changed: not clean
-    assert checkpoint.git_state() == (head, False)
-    monkeypatch.setenv("ORTHROS_GIT_COMMIT", "abc1234")
-    monkeypatch.setenv("ORTHROS_GIT_CLEAN", "1")
-    assert checkpoint.git_state() == ("abc1234", True)
 
 
 def anchors(markdown):

@@ -1,6 +1,5 @@
 """repro/experiments.py's own logic: seed statistics, resumable run states, stops, NIAH needles."""
 
-import json
 import signal
 import sys
 import time
@@ -133,16 +132,6 @@ def test_niah_needles_sit_at_their_depth():
         assert e["tokens"][needle] == query_key and e["tokens"][needle + 1] == e["tokens"][L + 2]
     assert ex.needle_distance(64, 0.0) == 65 and ex.needle_distance(64, 1.0) == 3
     assert encode_example(["a", "b"], tok)[0][-1] == tok.eot
-
-
-def test_parse_sample_json_reads_the_last_line():
-    record = {"prompt_tokens": 4096, "ttft_ms": 8.1, "decode_tokens_per_s": None, "batch": 1}
-    r = ex.parse_sample_json(f"loaded out/x/ckpt_last.pt\n---\nsome text\n{json.dumps(record)}\n")
-    assert r == record
-    with pytest.raises(ValueError, match="did not end its output with a JSON line.*tokens/s"):
-        ex.parse_sample_json("prompt 12 tokens; decode 100 tokens/s\n")
-    with pytest.raises(ValueError, match="nothing"):
-        ex.parse_sample_json("")
 
 
 def test_launch_skips_finished_runs_and_resumes_partial_ones(tmp_path, monkeypatch, capsys):
