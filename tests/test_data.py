@@ -10,9 +10,7 @@ import pytest
 import torch
 
 import data.docs.prepare as docs_prepare
-import data.prepare_utils as prepare_utils
-import data.stdlib.prepare as stdlib_prepare
-from data.prepare_utils import PretrainBatches, ensure_prepared, load_meta
+from data.prepare_utils import PretrainBatches, load_meta
 from data.recall.prepare import FILLER, KEYS, PRESETS, QUERY, VALUES
 from data.recall.prepare import prepare as prepare_recall
 import data.sft
@@ -198,28 +196,6 @@ def test_shakespeare_bins_decode_back_and_char_ids_are_the_characters(tmp_path):
     (tmp_path / "input.txt").write_text("naïve")
     with pytest.raises(ValueError, match="not ASCII"):
         prepare_shakespeare_char(tmp_path / "input.txt", tmp_path / "char")
-
-
-# ----------------------------------------------------------------------------- ensure_prepared
-
-def test_ensure_prepared_runs_prepare_only_when_files_are_missing(tmp_path, monkeypatch):
-    """prepare() runs while meta.json (written last) is missing; an unknown name is refused."""
-    with pytest.raises(ValueError, match=r"unknown dataset 'wiki'.*'shakespeare'.*'stdlib'"):
-        ensure_prepared("wiki")
-    (tmp_path / "stdlib").mkdir()
-    (tmp_path / "stdlib/prepare.py").touch()
-    monkeypatch.setattr(prepare_utils, "DATA_ROOT", tmp_path)
-    calls = []
-
-    def fake_prepare():
-        calls.append(1)
-        for name in ("train.bin", "val.bin", "meta.json"):
-            (tmp_path / "stdlib" / name).touch()
-
-    monkeypatch.setattr(stdlib_prepare, "prepare", fake_prepare)
-    assert ensure_prepared("stdlib") == tmp_path / "stdlib"
-    assert ensure_prepared("stdlib") == tmp_path / "stdlib"
-    assert calls == [1]
 
 
 # ----------------------------------------------------------------------------- SFT; the recall task

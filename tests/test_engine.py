@@ -14,6 +14,7 @@ import test_orthros
 from orthros import ATTN_TYPES, in_window
 from perf import engine
 from perf.engine import BLOCK, FastDecoder, block_table
+from test_orthros import rel_err
 
 VOCAB, BATCH, MAX_LEN = 61, 2, 400
 # (prompt length, decode steps): the longest first, so that later prompts leave stale rows behind.
@@ -218,10 +219,6 @@ def bf16_near_tie(logits, ulps=4):
     return top2[..., 0] - top2[..., 1] <= ulps * eps * top2[..., 0].abs()
 
 
-def relative_error(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
 @cuda
 @pytest.mark.parametrize("compile", [False, True])
 def test_cuda_graph_decoder_gives_the_naive_greedy_tokens(trained_tiny, compile):
@@ -231,7 +228,7 @@ def test_cuda_graph_decoder_gives_the_naive_greedy_tokens(trained_tiny, compile)
     tokens, logits, forced, compiled = teacher_forced(model, fast, idx, 200, unique_graphs)
     clear = ~bf16_near_tie(logits)
     assert torch.equal(forced.argmax(-1)[clear], logits.argmax(-1)[clear])
-    assert relative_error(forced, logits) < 0.03 and sum(compiled[1:]) == 0
+    assert rel_err(forced, logits) < 0.03 and sum(compiled[1:]) == 0
     free_tokens, step_logits = [], fast.prefill(idx)[0]   # now the fast decoder's own greedy tokens
     for _ in range(200):
         free_tokens.append(step_logits[:, -1].argmax(-1, keepdim=True))
@@ -263,8 +260,8 @@ def test_cuda_graph_decoder_is_as_close_to_float32_as_naive_bf16(case, compile):
     _, reference, naive_bf16, _ = teacher_forced(model, bf16, idx, 150, unique_graphs)
     fast = FastDecoder(bf16, 2, 300, compile=compile)
     _, _, fast_logits, compiled = teacher_forced(model, fast, idx, 150, unique_graphs)
-    naive_error = relative_error(naive_bf16, reference)
-    assert relative_error(fast_logits, reference) <= 1.5 * naive_error + 1e-3
+    naive_error = rel_err(naive_bf16, reference)
+    assert rel_err(fast_logits, reference) <= 1.5 * naive_error + 1e-3
     assert sum(compiled[1:]) == 0
 
 
@@ -298,7 +295,7 @@ def test_cuda_fused_attention_at_128k_keys_in_one_graph(window):
         allowed = in_window(p, keys, window)                                         # (S,)
         scores = q.double() @ k.double().transpose(-1, -2) / 128 ** 0.5
         scores = scores.masked_fill(~allowed, -torch.inf)
-        assert relative_error(out, torch.softmax(scores, -1) @ v.double()) < 1e-2, p
+        assert rel_err(out, torch.softmax(scores, -1) @ v.double()) < 1e-2, p
 
 
 # -----------------------------------------------------------------------------

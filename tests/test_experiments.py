@@ -10,7 +10,6 @@ import pytest
 from repro import experiments as ex
 from checkpoint import load_checkpoint, save_checkpoint
 from data.recall.prepare import PRESETS
-from data.sft import encode_example
 from data.tokenizer import get_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,16 +61,6 @@ def test_run_state_fresh_overwrite_resume_done(tmp_path):
     run.out_dir.mkdir()
     (run.out_dir / "log.jsonl").write_text('{"step": 0, "val_loss": 5.0}\n')
     assert ex.run_state(run) == "done"            # evaluation only: done from its log
-
-
-def test_given_keeps_the_last_value_of_a_repeated_key_and_the_curve_the_later_record(tmp_path):
-    run = ex.Run(Path("out/x"), ["--config", "small", "--max_iters", "1500", "--curriculum", "",
-                                 "--max_iters", "375"])
-    assert run.given == {"config": "small", "max_iters": "375", "curriculum": ""}
-    assert run.cmd[-2:] == ["--out_dir", "out/x"]
-    (tmp_path / "log.jsonl").write_text('{"step": 0, "val_loss": 5.0}\n{"step": 10, "val_loss": 3}'
-                                        '\n{"step": 1\n{"step": 10, "val_loss": 2.5}\n')  # cut line
-    assert ex.read_val_curve(tmp_path) == [(0, 5.0), (10, 2.5)]
 
 
 def test_run_all_fails_clearly_and_stops_at_the_time_limit(tmp_path, capsys):
@@ -131,7 +120,6 @@ def test_niah_needles_sit_at_their_depth():
         needle = L + 1 - ex.needle_distance(L, depth)
         assert e["tokens"][needle] == query_key and e["tokens"][needle + 1] == e["tokens"][L + 2]
     assert ex.needle_distance(64, 0.0) == 65 and ex.needle_distance(64, 1.0) == 3
-    assert encode_example(["a", "b"], tok)[0][-1] == tok.eot
 
 
 def test_launch_skips_finished_runs_and_resumes_partial_ones(tmp_path, monkeypatch, capsys):

@@ -25,10 +25,8 @@ import sample
 from checkpoint import load_checkpoint, model_from_checkpoint
 from convert import from_gguf
 from convert.from_gguf import smollm2
-from data.prepare_utils import write_dataset
 from data.tokenizer import get_tokenizer
 from repro import smollm2 as repro_smollm2
-from repro.smollm2 import val_documents
 
 TOL = 1e-5  # of the largest logit, as the README states (sums in another order: 2e-6 measured)
 
@@ -88,16 +86,6 @@ def test_chat_answer_is_transformers_and_stops_at_the_end_token(smol, capsys):
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["samples"] == [question + "\n" + ours.decode(theirs[:-1])]
     assert record["new_tokens"] < n
-
-
-def test_the_curves_held_out_documents_are_whole_documents_of_at_least_t_tokens(tmp_path):
-    """repro/smollm2.py cpt scores the first T tokens of val.bin's documents of >= T tokens."""
-    val_docs = ["a" * 10, "b" * 40, "c" * 39, "d" * 100]
-    write_dataset(tmp_path, get_tokenizer("byte"), ["t" * 50], val_docs, source="test")
-    rows = val_documents(tmp_path, 2, 40).tolist()
-    assert [bytes(row).decode() for row in rows] == ["b" * 40, "d" * 40]
-    with pytest.raises(ValueError, match="has 2 documents of >= 40 tokens; lower --docs"):
-        val_documents(tmp_path, 3, 40)
 
 
 def test_from_gguf_writes_a_folder_of_the_umasks_modes(tmp_path, monkeypatch):
