@@ -76,20 +76,15 @@ def load_meta(data_dir):
     return json.loads((Path(data_dir) / "meta.json").read_text())
 
 
-def available_datasets():
-    """The folders of data/ with a prepare.py, and recall_<preset> (data/recall/prepare.py's)."""
-    from data.recall.prepare import PRESETS  # here: it imports this file
-    return sorted([p.parent.name for p in DATA_ROOT.glob("*/prepare.py")]
-                  + [f"recall_{preset}" for preset in PRESETS if preset != "default"])
-
-
 def ensure_prepared(name, prepare=True):
-    """data/<name>/, after running its prepare.py's prepare() if its meta.json is missing."""
-    if name not in available_datasets():
-        raise ValueError(f"unknown dataset {name!r}: give a folder path, or one of "
-                         f"{available_datasets()} (each a folder data/<name>/ with a prepare.py)")
+    """data/<name>/, after running its prepare.py's prepare() if its meta.json is missing;
+    recall_<preset>: data/recall/prepare.py's preset."""
+    module, preset = ("recall", [name[7:]]) if name.startswith("recall_") else (name, [])
+    known = sorted(p.parent.name for p in DATA_ROOT.glob("*/prepare.py"))
+    if module not in known or preset == ["default"]:
+        raise ValueError(f"unknown dataset {name!r}: give a folder path, or one of {known} (each a "
+                         "folder data/<name>/ with a prepare.py), or recall_<preset>")
     if prepare and not (DATA_ROOT / name / "meta.json").exists():  # prepare() writes it last
-        module, preset = ("recall", [name[7:]]) if name.startswith("recall_") else (name, [])
         print(f"{DATA_ROOT / name} is not prepared yet; running data/{module}/prepare.py")
         try:
             importlib.import_module(f"data.{module}.prepare").prepare(*preset)
