@@ -140,13 +140,14 @@ class FastDecoder:
             # One FlexAttention call per twin (row), each with its mask: Orthros's base twin reads only the blocks of its
             # window. (Both twins as two query rows of one call put Orthros's logits 2.5x further from float32 than
             # the naive decoder's, inside the compiled step on an H100; one row per call was as close as naive.)
-            self.block_masks = [decode_block_mask(self.pos, w, self.cache.rows) for w in self.windows] if compile else []
+            self.flex = []   # compiled: per twin, its block mask, the mask's refresh() and FlexAttention's options
+            for w in self.windows if compile else ():
+                options = kernel_options
+                if device.type == "cuda":  # FlexAttention's KV split, 3 stages of 32 keys (results/README.md, Decode)
+                    reads = self.cache.rows if w is None else min(self.cache.rows, w + BLOCK)
+                    options = {**kernel_split(model, batch_size, reads, device), **(kernel_options or {})}
+                self.flex.append((*decode_block_mask(self.pos, w, self.cache.rows), options))
             self.weights = [stacked_weights(block.attn) for block in model.blocks]
-        self.kernel_options = [kernel_options] * len(self.windows)
-        if device.type == "cuda":  # FlexAttention's KV split, 3 stages of 32 keys (results/README.md, Decode)
-            reads = [self.cache.rows if w is None else min(self.cache.rows, w + BLOCK) for w in self.windows]
-            self.kernel_options = [{**kernel_split(model, batch_size, n, device), **(kernel_options or {})}
-                                   for n in reads]
         # The step is the unbound function, called with self: a bound method kept on self would hold it in a
         # reference cycle, and with it the cache, after the caller lets go of the decoder.
         self.step = FastDecoder._step
@@ -266,7 +267,7 @@ class FastDecoder:
         z = torch.cat([x, x], dim=1) if self.orthros else x             # Alg. 2, line 2: the two twins
         rope = rope_cos_sin(self.pos, model.blocks[0].attn.head_dim, cfg.rope_base, x.dtype, cfg.rope_scaling)
         if self.compiled:
-            for _, refresh in self.block_masks:                         # the key blocks up to pos
+            for _, refresh, _ in self.flex:                             # the key blocks up to pos
                 refresh()
         else:                                                           # query row r may attend key j: (L, rows)
             allowed = torch.stack([in_window(self.pos, self.rows, window) for window in self.windows])
@@ -277,7 +278,7 @@ class FastDecoder:
                 # twin's query row, sliced out of q, at the base twin's (found on a CPU; harmless on a GPU).
                 y = torch.cat([flex_attention(q[:, :, r:r + 1].contiguous(), c.k[l], c.v[l], block_mask=mask,
                                               kernel_options=options, enable_gqa=q.size(1) != c.k[l].size(1))
-                               for r, ((mask, _), options) in enumerate(zip(self.block_masks, self.kernel_options))], dim=2)
+                               for r, (mask, _, options) in enumerate(self.flex)], dim=2)
             else:               # the same by SDPA, over every row of the cache
                 y = orthros.sdpa(q, repeat_kv(c.k[l], q.size(1)), repeat_kv(c.v[l], q.size(1)), allowed)
             z = layer_out(block, z, y)

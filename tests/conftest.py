@@ -53,7 +53,8 @@ def torch_threads():
     if THREADS and all(proc.poll() is not None for _, proc in RECALL.values()):
         torch.set_num_threads(THREADS.pop("torch"))
         omp = THREADS.pop("omp")
-        os.environ.pop("OMP_NUM_THREADS") if omp is None else os.environ.update(OMP_NUM_THREADS=omp)
+        os.environ.pop("OMP_NUM_THREADS")
+        os.environ.update({} if omp is None else {"OMP_NUM_THREADS": omp})
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
